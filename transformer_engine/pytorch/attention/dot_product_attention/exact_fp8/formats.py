@@ -1,0 +1,131 @@
+"""Constants and element-wise casts of the FP8 formats used by mask-exact FP8 attention.
+
+Everything here is pure PyTorch and runs on CPU and GPU alike. The casts reproduce the rounding of
+TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and Triton kernels.
+
+# Note [Mask-exact FP8 scaling]
+#
+# Invariant: for every output row i, O[i] is, bit for bit, a function of Q[i] and of K[j], V[j]
+# for the positions j that the attention mask lets row i see, and of nothing else.
+#
+# A quantization scale is a reduction (an amax) over some set of elements. If that set contains a
+# position that row i may not see, the masked value can change the FP8 representation of a visible
+# value (by re-rounding it, or by pushing it under the smallest subnormal), and O[i] changes. So:
+#
+#   * Q and K get one scale per (batch, token, head), amax over the head dim d only. The scales
+#     factor out of Q.K^T exactly as a row and a column scale of the product.
+#   * V gets one scale per (batch, kv-head, chunk of C tokens, channel): C = V_CHUNK_CURRENT (64)
+#     for current scaling, C = MX_BLOCK (32) for MXFP8 (the format's own block). Chunks start at
+#     each sequence's first token, so they never cross a sequence (thd) or a sample (bshd/sbhd).
+#   * A query tile (Q_TILE rows) uses the FP8 copy of a KV tile (KV_TILE tokens, a whole number of
+#     V chunks) only if every row of the tile may see every position of the KV tile. Otherwise that
+#     (query tile, KV tile) pair uses the unquantized V (the input dtype) under the ordinary mask.
+#     This splits each V scale reduction at the prefix boundaries: no scale used for row i reduces
+#     over a position row i cannot see. Rows past a sequence's real length do not count.
+#   * P (the softmax numerator) is cast to FP8 with the fixed scale P_SCALE, which depends on no data.
+#
+# Only data-independent choices (mask geometry, shapes and the constants below) decide which
+# representation a value gets. Q_TILE, KV_TILE and the chunk sizes are constants of the format, not
+# tuning knobs: a kernel may use other block sizes internally, but must make the same FP8/unquantized
+# decision per (Q_TILE, KV_TILE) pair.
+"""
+
+import torch
+
+__all__ = [
+    "E4M3_MAX",
+    "MX_BLOCK",
+    "V_CHUNK_CURRENT",
+    "Q_TILE",
+    "KV_TILE",
+    "P_SCALE",
+    "FP32_MAX",
+    "cast_to_e4m3",
+    "compute_scale_from_amax",
+    "float_to_e8m0",
+    "e8m0_to_float",
+    "e8m0_reciprocal",
+]
+
+E4M3_MAX = 448.0
+"""Largest finite E4M3 value."""
+
+MX_BLOCK = 32
+"""Elements per E8M0 scale in MXFP8 (fixed by the OCP MX format)."""
+
+V_CHUNK_CURRENT = 64
+"""Tokens per V scale (per channel) for current scaling. See Note [Mask-exact FP8 scaling]."""
+
+Q_TILE = 128
+"""Query rows that share one FP8/unquantized decision per KV tile."""
+
+KV_TILE = 64
+"""Key/value positions that share one FP8/unquantized decision. A multiple of both chunk sizes."""
+
+P_SCALE = 256.0
+"""Fixed power-of-two scale of P in [0, 1] before the FP8 cast: P = 1 maps to 256, exactly."""
+
+FP32_MAX = torch.finfo(torch.float32).max
+
+_E4M3_MAX_RCP = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)  # float(1/448), as TE rounds it
+
+
+def cast_to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> E4M3, round to nearest even, saturating to +-448 (CUDA's satfinite cast). NaN stays NaN."""
+    assert x.dtype == torch.float32
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def compute_scale_from_amax(
+    amax: torch.Tensor, *, use_power_2_scales: bool = False, amax_epsilon: float = 0.0
+) -> torch.Tensor:
+    """FP8 scale (x_fp8 = x * scale) from an fp32 amax, element-wise, as TE's current scaling does.
+
+    Rule (TE's compute_scale_from_amax): amax is floored at amax_epsilon; an amax that is 0, inf or
+    NaN gives scale 1; otherwise scale = 448 / amax rounded to nearest, an infinite result becomes
+    FP32_MAX, and with use_power_2_scales the mantissa bits are cleared (rounding down to a power of
+    two, so that x * scale never exceeds 448).
+    """
+    amax = amax.float()
+    amax = torch.where(amax < amax_epsilon, torch.full_like(amax, amax_epsilon), amax)
+    scale = torch.full_like(amax, E4M3_MAX) / amax
+    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)
+    if use_power_2_scales:
+        scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)  # keep sign + exponent
+    degenerate = torch.isinf(amax) | torch.isnan(amax) | (amax == 0)
+    return torch.where(degenerate, torch.ones_like(scale), scale)
+
+
+def float_to_e8m0(amax: torch.Tensor) -> torch.Tensor:
+    """E8M0 scale code (uint8) of an MX block from its fp32 amax, as TE's MXFP8 quantizer does.
+
+    The code is the biased exponent of amax * float(1/448), rounded up to the next power of two
+    (so the block's largest element fits under 448 after division); 2^-127 (code 0) is kept for
+    values at most 2^-127, NaN gives 255 and inf 254.
+    """
+    val = amax.float() * _E4M3_MAX_RCP
+    bits = val.view(torch.int32).to(torch.int64)
+    exponent = (bits >> 23) & 0xFF
+    mantissa = bits & 0x7FFFFF
+    round_up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    code = exponent + round_up.to(torch.int64)
+    code = torch.where(val == 0, torch.zeros_like(code), code)
+    code = torch.where(torch.isinf(val), torch.full_like(code, 0xFE), code)
+    code = torch.where(torch.isnan(val), torch.full_like(code, 0xFF), code)
+    return code.to(torch.uint8)
+
+
+def e8m0_to_float(code: torch.Tensor) -> torch.Tensor:
+    """2^(code - 127) in fp32; code 0 is the subnormal 2^-127 and code 255 is NaN."""
+    code = code.to(torch.int32)
+    out = (code << 23).view(torch.float32)
+    out = torch.where(code == 0, torch.full_like(out, 2.0**-127), out)
+    return torch.where(code == 255, torch.full_like(out, float("nan")), out)
+
+
+def e8m0_reciprocal(code: torch.Tensor) -> torch.Tensor:
+    """2^(127 - code) in fp32, the multiplier that brings a block into E4M3 range (code 255: NaN)."""
+    code = code.to(torch.int32)
+    out = ((254 - code).clamp(min=0) << 23).view(torch.float32)
+    out = torch.where(code == 254, torch.full_like(out, 2.0**-127), out)
+    return torch.where(code == 255, torch.full_like(out, float("nan")), out)
