@@ -52,7 +52,9 @@ def per_token_cast_to_fp8(
     _check_float_input(x, "x")
     xf = x.float()
     scale = compute_scale_from_amax(
-        abs_ignoring_nan(xf).amax(dim=-1), use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon
+        abs_ignoring_nan(xf).amax(dim=-1),
+        use_power_2_scales=use_power_2_scales,
+        amax_epsilon=amax_epsilon,
     )
     data = cast_to_e4m3(xf * scale.unsqueeze(-1))
     return data, 1.0 / scale

@@ -198,9 +198,7 @@ def reference_attention(
         sq, skv = layout_q.starts[n], layout_kv.starts[n]
         span_q, span_kv = layout_q.spans[n], layout_kv.spans[n]
         len_q, len_kv = layout_q.lens[n], layout_kv.lens[n]
-        allowed = allowed_positions(
-            attn_mask_type, window_size, len_q, len_kv, span_q, span_kv
-        )
+        allowed = allowed_positions(attn_mask_type, window_size, len_q, len_kv, span_q, span_kv)
         tiles = fp8_tile_map(allowed, len_q) if exact else None
         result.fp8_tiles.append(tiles)
         rows = slice(sq, sq + span_q)
