@@ -94,7 +94,7 @@ def _take_offline(artifact: pinned.Artifact, folder: Path) -> Path:
     if not path.is_file():
         raise ArtifactError(
             f"offline mode: {artifact.filename} is not in {folder} (sha256 {artifact.sha256});"
-            f" put it there or unset {OFFLINE_ENV} to download it"
+            f" put it there, or fetch online (without --offline and {OFFLINE_ENV})"
         )
     return verify(path, artifact)
 
