@@ -14,7 +14,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Dict, List, Optional
+from typing import Dict, List, NoReturn, Optional
 
 SERIES_FILE = "series"
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -64,7 +64,7 @@ class _Reader:
         self.pos += 1
         return line
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         raise PatchError(f"{self.name}: line {self.pos}: {message}")
 
 
@@ -169,7 +169,7 @@ def _drop_final_newline(hunk: Hunk, last_tag: str) -> None:
         hunk.new[-1] = _strip_newline(hunk.new[-1])
 
 
-def _fail_short_hunk(reader: _Reader, hunk: Hunk, line: Optional[str]) -> None:
+def _fail_short_hunk(reader: _Reader, hunk: Hunk, line: Optional[str]) -> NoReturn:
     if line == "\n":
         reader.fail(
             f"empty line inside hunk {hunk.header}: context lines start with a space"
