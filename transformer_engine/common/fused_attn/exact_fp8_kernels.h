@@ -1,0 +1,58 @@
+/*
+ * Launchers of the mask-exact FP8 quantization kernels (internal to the C API in
+ * exact_fp8_quantize.cu, which validates every argument before calling them).
+ */
+#ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_KERNELS_H_
+#define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "transformer_engine/exact_fp8_quantize.h"
+
+namespace transformer_engine {
+namespace exact_fp8 {
+
+/* Which scale each row kernel computes. See Note [Mask-exact FP8 scaling]. */
+enum class RowRule {
+  kPerToken,  // one current scale per (token, head)
+  kMxfp8,     // one E8M0 code per 32 channels of a (token, head)
+};
+
+/* Which scale each chunk kernel computes. See Note [Mask-exact FP8 scaling]. */
+enum class ChunkRule {
+  kCurrent,  // one current scale per (head, chunk, channel)
+  kMxfp8,    // one E8M0 code per (head, chunk of 32 tokens, channel)
+};
+
+/* Options of the current-scaling rule (ignored by the MXFP8 rules). */
+struct ScaleOptions {
+  bool use_power_2_scales;
+  float amax_epsilon;
+};
+
+/* Whether 16-byte vector loads may read the view: `data` 16-byte aligned and every stride that
+ * matters (of a dimension longer than 1) a multiple of 8 elements. */
+inline bool is_vectorizable(const NVTEExactFP8TokenView &x) {
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  auto ok = [](int64_t extent, int64_t stride) { return extent <= 1 || stride % 8 == 0; };
+  return aligned && ok(x.batch, x.stride_batch) && ok(x.seqlen, x.stride_seq) &&
+         ok(x.heads, x.stride_head);
+}
+
+/* x -> data [heads, tokens, head_dim] (E4M3 bytes) and scales: per token fp32 scale_inv
+ * [heads, tokens], MXFP8 E8M0 codes [heads, tokens, head_dim / 32]. */
+cudaError_t launch_rowwise_cast(RowRule rule, const NVTEExactFP8TokenView &x, ScaleOptions opts,
+                                uint8_t *data, void *scales, cudaStream_t stream);
+
+/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scales [heads, num_chunks,
+ * head_dim]: fp32 scale_inv for the current rule, E8M0 codes for MXFP8. */
+cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8TokenView &v,
+                                         const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
+                                         uint8_t *data_t, int64_t data_t_stride, void *scales,
+                                         cudaStream_t stream);
+
+}  // namespace exact_fp8
+}  // namespace transformer_engine
+
+#endif  // TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_KERNELS_H_
