@@ -1,0 +1,197 @@
+"""CPU tests of the quantization API's torch path (quantize.py without the CUDA extension).
+
+They pin the API's layouts (head-major Q/K outputs, transposed and padded V outputs, (b, s) token
+order for sbhd, chunks restarting at every sequence) against the reference functions element by
+element, and its error messages. No GPU and no TE core library needed.
+"""
+
+import pytest
+import torch
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
+    quantize as Q,
+    quantize_reference as ref,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
+    cast_to_e4m3,
+    compute_scale_from_amax,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import SeqLayout
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x.view(torch.int32)
+
+
+def _x(*shape, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.pow(10.0, torch.empty(*shape[:-1], 1).uniform_(-3, 3, generator=gen))
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def test_per_token_sbhd_is_head_major_in_b_s_order():
+    x = _x(5, 2, 3, 64)  # sbhd [s, b, h, d]
+    data, scale_inv = Q.per_token_cast_to_fp8(x, qkv_format="sbhd")
+    assert data.shape == (3, 10, 64) and scale_inv.shape == (3, 10)
+    for s, b, h in [(0, 0, 0), (4, 1, 2), (2, 1, 0)]:
+        row = x[s, b, h].float()
+        scale = compute_scale_from_amax(row.abs().amax())
+        token = b * 5 + s
+        assert torch.equal(_bits(data[h, token]), _bits(cast_to_e4m3(row * scale)))
+        assert torch.equal(scale_inv[h, token], 1.0 / scale)
+
+
+@pytest.mark.parametrize("qkv_format", ["bshd", "sbhd", "thd"])
+def test_per_token_and_mx_rowwise_match_reference_transposed(qkv_format):
+    x = _x(2, 3, 4, 64) if qkv_format != "thd" else _x(7, 4, 64)
+    tokens = x.flatten(0, 1) if qkv_format == "bshd" else x
+    if qkv_format == "sbhd":
+        tokens = x.transpose(0, 1).flatten(0, 1)
+    data, scale_inv = Q.per_token_cast_to_fp8(x, qkv_format=qkv_format, use_power_2_scales=True)
+    ref_data, ref_scale_inv = ref.per_token_cast_to_fp8(tokens, use_power_2_scales=True)
+    assert torch.equal(_bits(data), _bits(ref_data.transpose(0, 1)))
+    assert torch.equal(scale_inv, ref_scale_inv.t())
+    data, codes = Q.per_block_cast_to_mxfp8_rowwise(x, qkv_format=qkv_format)
+    ref_data, ref_codes = ref.per_block_cast_to_mxfp8_rowwise(tokens)
+    assert torch.equal(_bits(data), _bits(ref_data.transpose(0, 1)))
+    assert torch.equal(codes, ref_codes.transpose(0, 1))
+
+
+def test_per_chunk_bshd_chunks_restart_at_each_sample():
+    v = _x(2, 70, 2, 64)  # 70 = 64 + 6: each sample has a full and a short chunk
+    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd")
+    assert data_t.shape == (2, 64, 144)  # t = 140 padded to a multiple of 16
+    assert scale_inv.shape == (2, 4, 64) and cu_chunks.tolist() == [0, 2, 4]
+    assert not _bits(data_t[:, :, 140:]).any()
+    # chunk 3 = tokens 64..69 of sample 1 = columns 134..139
+    amax = v[1, 64:70].float().abs().amax(dim=0)  # [h, d]
+    scale = compute_scale_from_amax(amax)
+    assert torch.equal(scale_inv[:, 3], 1.0 / scale)
+    expected = cast_to_e4m3(v[1, 64:70].float() * scale)  # [6, h, d]
+    assert torch.equal(_bits(data_t[:, :, 134:140]), _bits(expected.permute(1, 2, 0)))
+
+
+def test_per_chunk_thd_sequences_and_unowned_tail():
+    v = _x(50, 2, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 10, 10, 45], dtype=torch.int32)  # an empty sequence; 45..49 unowned
+    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(
+        v, qkv_format="thd", cu_seqlens=cu, chunk=16
+    )
+    assert data_t.shape == (2, 64, 64) and cu_chunks.tolist() == [0, 1, 1, 4]
+    assert scale_inv.shape == (2, 4, 64)
+    ref_data, ref_scale_inv, _ = ref.per_chunk_channel_cast_to_fp8(
+        v[:45], SeqLayout.varlen(cu), chunk=16
+    )
+    assert torch.equal(_bits(data_t[:, :, :45]), _bits(ref_data.permute(1, 2, 0)))
+    assert not _bits(data_t[:, :, 45:]).any()
+    assert torch.equal(scale_inv, ref_scale_inv.transpose(0, 1))
+
+
+def test_mx_columnwise_sbhd_matches_reference():
+    v = _x(40, 2, 2, 64)  # sbhd: 2 samples of 40 tokens, chunks of 32 + 8
+    data_t, codes, cu_chunks = Q.per_chunk_cast_to_mxfp8_columnwise_transposed(v, qkv_format="sbhd")
+    tokens = v.transpose(0, 1).flatten(0, 1)
+    ref_data, ref_codes, ref_cu = ref.per_chunk_cast_to_mxfp8_columnwise(
+        tokens, SeqLayout.dense(2, 40)
+    )
+    assert torch.equal(_bits(data_t[:, :, :80]), _bits(ref_data.permute(1, 2, 0)))
+    assert torch.equal(codes, ref_codes.transpose(0, 1)) and cu_chunks.tolist() == ref_cu
+
+
+def test_strided_views_equal_contiguous_copies():
+    qkv = _x(2, 20, 3, 2, 64)  # bs3hd
+    q = qkv[:, :, 0]
+    for fn in (Q.per_token_cast_to_fp8, Q.per_chunk_channel_cast_to_fp8_transposed):
+        for got, expected in zip(fn(q, qkv_format="bshd"), fn(q.contiguous(), qkv_format="bshd")):
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_auto_backend_on_cpu_is_the_reference():
+    x = _x(2, 8, 2, 128)
+    auto = Q.per_token_cast_to_fp8(x, qkv_format="bshd")
+    torch_path = Q.per_token_cast_to_fp8(x, qkv_format="bshd", backend="torch")
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(auto, torch_path))
+    assert isinstance(Q.extension_available(), bool)
+
+
+def test_empty_input():
+    x = torch.zeros(2, 0, 2, 64, dtype=torch.bfloat16)
+    data, scale_inv = Q.per_token_cast_to_fp8(x, qkv_format="bshd")
+    assert data.shape == (2, 0, 64) and scale_inv.shape == (2, 0)
+    data_t, scale_inv, cu = Q.per_chunk_channel_cast_to_fp8_transposed(x, qkv_format="bshd")
+    assert data_t.shape == (2, 64, 0) and scale_inv.shape == (2, 0, 64) and cu.tolist() == [0, 0, 0]
+
+
+BAD_INPUTS = [
+    (
+        "dtype",
+        dict(x=torch.zeros(1, 4, 1, 64)),
+        TypeError,
+        "bfloat16 or float16, got torch.float32",
+    ),
+    ("not a tensor", dict(x=[1.0]), TypeError, "must be a torch.Tensor"),
+    ("format", dict(qkv_format="bhsd"), ValueError, "qkv_format must be one of"),
+    ("ndim", dict(x=torch.zeros(4, 1, 64, dtype=torch.bfloat16)), ValueError, "must have 4 dims"),
+    (
+        "head dim",
+        dict(x=torch.zeros(1, 4, 1, 96, dtype=torch.bfloat16)),
+        ValueError,
+        "head dims \\(64, 128, 256\\), got 96",
+    ),
+    (
+        "d stride",
+        dict(x=torch.zeros(1, 4, 64, 2, dtype=torch.bfloat16).transpose(-1, -2)),
+        ValueError,
+        "head dim must be contiguous",
+    ),
+    ("backend", dict(backend="triton"), ValueError, "backend must be one of"),
+    ("cuda backend on cpu", dict(backend="cuda"), ValueError, "backend='cuda' needs CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_per_token_errors(case):
+    _, overrides, error, message = case
+    kw = dict(x=torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), qkv_format="bshd")
+    kw.update(overrides)
+    with pytest.raises(error, match=message):
+        Q.per_token_cast_to_fp8(kw.pop("x"), **kw)
+
+
+def test_mx_head_dim_error():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.per_block_cast_to_mxfp8_rowwise(
+            torch.zeros(1, 4, 1, 48, dtype=torch.bfloat16), qkv_format="bshd"
+        )
+    with pytest.raises(ValueError, match="at most 1024"):
+        Q.per_chunk_cast_to_mxfp8_columnwise_transposed(
+            torch.zeros(1, 4, 1, 1056, dtype=torch.bfloat16), qkv_format="bshd"
+        )
+
+
+def _cu(*offsets, dtype=torch.int32):
+    return torch.tensor(offsets, dtype=dtype)
+
+
+BAD_V = [
+    ("chunk", dict(chunk=48), ValueError, "chunk must be one of \\(16, 32, 64, 128\\)"),
+    ("cu for bshd", dict(qkv_format="bshd", cu_seqlens=_cu(0, 8)), ValueError, "thd only"),
+    ("thd without cu", dict(cu_seqlens=None), ValueError, "thd needs cu_seqlens"),
+    ("cu dtype", dict(cu_seqlens=_cu(0, 8, dtype=torch.int64)), TypeError, "int32 tensor"),
+    ("cu shape", dict(cu_seqlens=_cu(0)), ValueError, ">= 2 entries"),
+    ("cu start", dict(cu_seqlens=_cu(1, 8)), ValueError, "start at 0"),
+    ("cu decreasing", dict(cu_seqlens=_cu(0, 6, 4)), ValueError, "never decrease"),
+    ("cu past t", dict(cu_seqlens=_cu(0, 9)), ValueError, "at most at t = 8"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_V, ids=[c[0] for c in BAD_V])
+def test_per_chunk_errors(case):
+    _, overrides, error, message = case
+    v = torch.zeros(8, 1, 64, dtype=torch.bfloat16)
+    kw = dict(qkv_format="thd", cu_seqlens=_cu(0, 8))
+    kw.update(overrides)
+    if kw["qkv_format"] == "bshd":
+        v = v.unsqueeze(0)
+    with pytest.raises(error, match=message):
+        Q.per_chunk_channel_cast_to_fp8_transposed(v, **kw)

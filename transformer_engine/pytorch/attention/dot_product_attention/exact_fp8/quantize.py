@@ -1,0 +1,407 @@
+"""Mask-exact FP8 quantization of Q, K and V: the Python API over torch tensors.
+
+Each function validates its input, allocates the outputs and runs the CUDA kernel of the
+`transformer_engine_exact_fp8` extension on torch's current stream. For CPU tensors, or when the
+extension is not built, it runs the pure-torch reference of quantize_reference.py instead (on the
+CPU, results moved to the input's device): the same bits, much slower. Validation is the same for
+both backends. See Note [Mask-exact FP8 scaling] in formats.py for the rules and
+docs/quantization_kernels.md for the kernels.
+
+Tokens: bshd [b, s, h, d] and sbhd [s, b, h, d] flatten to t = b * s tokens in (b, s) order; thd
+is [t, h, d] with cu_seqlens, the sequences' token offsets (TE's cu_seqlens_padded when the
+sequences are padded). Outputs are head-major, and V's are transposed (token axis last), as the
+attention kernel reads them.
+"""
+
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import quantize_reference as ref
+from .formats import MX_BLOCK, V_CHUNK_CURRENT
+from .masks import SeqLayout
+from .reference_attention import to_tokens
+
+try:
+    import transformer_engine_exact_fp8 as _ext
+except ImportError as _err:
+    _ext = None
+    _EXT_IMPORT_ERROR: Optional[ImportError] = _err
+else:
+    _EXT_IMPORT_ERROR = None
+
+__all__ = [
+    "QKV_FORMATS",
+    "BACKENDS",
+    "CURRENT_HEAD_DIMS",
+    "MAX_MX_HEAD_DIM",
+    "CHUNK_SIZES",
+    "TOKEN_PAD",
+    "extension_available",
+    "per_token_cast_to_fp8",
+    "per_chunk_channel_cast_to_fp8_transposed",
+    "per_block_cast_to_mxfp8_rowwise",
+    "per_chunk_cast_to_mxfp8_columnwise_transposed",
+]
+
+QKV_FORMATS = ("bshd", "sbhd", "thd")
+BACKENDS = ("auto", "cuda", "torch")
+CURRENT_HEAD_DIMS = (64, 128, 256)
+MAX_MX_HEAD_DIM = 1024
+CHUNK_SIZES = (16, 32, 64, 128)
+TOKEN_PAD = 16
+"""The token axis of a transposed output is padded to a multiple of 16 (16-byte rows)."""
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+_FP8 = torch.float8_e4m3fn
+
+
+def extension_available() -> bool:
+    """Whether the CUDA extension `transformer_engine_exact_fp8` is importable."""
+    return _ext is not None
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """An input seen as [batch, seqlen, heads, head_dim] with element strides; t = b * seqlen + s."""
+
+    batch: int
+    seqlen: int
+    heads: int
+    head_dim: int
+    stride_batch: int
+    stride_seq: int
+    stride_head: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seqlen
+
+
+def _geometry(x: torch.Tensor, qkv_format: str, name: str) -> _Geometry:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if qkv_format not in QKV_FORMATS:
+        raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"{name} must be bfloat16 or float16, got {x.dtype}")
+    ndim = 3 if qkv_format == "thd" else 4
+    if x.dim() != ndim:
+        raise ValueError(
+            f"{name} in {qkv_format} must have {ndim} dims [{', '.join(qkv_format)}],"
+            f" got shape {tuple(x.shape)}"
+        )
+    if x.stride(-1) != 1:
+        raise ValueError(
+            f"{name}'s head dim must be contiguous (stride 1), got strides {tuple(x.stride())}"
+        )
+    if qkv_format == "thd":
+        t, h, d = x.shape
+        return _Geometry(1, t, h, d, 0, x.stride(0), x.stride(1))
+    if qkv_format == "bshd":
+        b, s, h, d = x.shape
+        return _Geometry(b, s, h, d, x.stride(0), x.stride(1), x.stride(2))
+    s, b, h, d = x.shape
+    return _Geometry(b, s, h, d, x.stride(1), x.stride(0), x.stride(2))
+
+
+def _check_current_head_dim(head_dim: int, name: str) -> None:
+    if head_dim not in CURRENT_HEAD_DIMS:
+        raise ValueError(
+            f"{name}: current scaling supports head dims {CURRENT_HEAD_DIMS}, got {head_dim}"
+        )
+
+
+def _check_mx_head_dim(head_dim: int, name: str) -> None:
+    if head_dim % MX_BLOCK or head_dim > MAX_MX_HEAD_DIM:
+        raise ValueError(
+            f"{name}: MXFP8 needs a head dim that is a multiple of {MX_BLOCK}, at most"
+            f" {MAX_MX_HEAD_DIM}, got {head_dim}"
+        )
+
+
+def _use_cuda(backend: str, x: torch.Tensor) -> bool:
+    """Pick the backend: the CUDA kernels for CUDA tensors when built, else the reference."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "cuda":
+        if not x.is_cuda:
+            raise ValueError(f"backend='cuda' needs CUDA tensors, got one on {x.device}")
+        if _ext is None:
+            raise RuntimeError(
+                "backend='cuda': the extension transformer_engine_exact_fp8 is not built"
+                f" ({_EXT_IMPORT_ERROR})"
+            )
+        return True
+    if x.is_cuda and _ext is None:
+        warnings.warn(
+            "transformer_engine_exact_fp8 is not built: quantizing with the (slow, CPU) torch"
+            f" reference instead ({_EXT_IMPORT_ERROR})",
+            RuntimeWarning,
+        )
+        return False
+    return x.is_cuda
+
+
+def _token_view(x: torch.Tensor, geo: _Geometry):
+    return _ext.TokenView(
+        data=x.data_ptr(),
+        dtype=_ext.BFLOAT16 if x.dtype == torch.bfloat16 else _ext.FLOAT16,
+        batch=geo.batch,
+        seqlen=geo.seqlen,
+        heads=geo.heads,
+        head_dim=geo.head_dim,
+        stride_batch=geo.stride_batch,
+        stride_seq=geo.stride_seq,
+        stride_head=geo.stride_head,
+    )
+
+
+def _launch(x: torch.Tensor, kernel, *args) -> None:
+    """Run an extension function on x's device and torch's current stream there."""
+    with torch.cuda.device(x.device):
+        kernel(*args, torch.cuda.current_stream().cuda_stream)
+
+
+def _cpu_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
+    """x as tokens [t, h, d] on the CPU, for the reference."""
+    return to_tokens(x.detach().cpu(), qkv_format)
+
+
+def _head_major(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[t, h, ...] -> [h, t, ...], contiguous, on `device`."""
+    return x.transpose(0, 1).contiguous().to(device)
+
+
+def per_token_cast_to_fp8(
+    x: torch.Tensor,
+    *,
+    qkv_format: str,
+    use_power_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+    backend: str = "auto",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one current scale per (token, head), amax over d: Q and K of current scaling.
+
+    x: bshd / sbhd / thd, bf16 or fp16, d in CURRENT_HEAD_DIMS, d contiguous (any other strides).
+    Returns data [h, t, d] float8_e4m3fn and scale_inv [h, t] float32 (1 / scale), so that
+    x[token, head] ~ data[head, token] * scale_inv[head, token].
+    See Note [Mask-exact FP8 scaling].
+    """
+    geo = _geometry(x, qkv_format, "x")
+    _check_current_head_dim(geo.head_dim, "x")
+    if _use_cuda(backend, x):
+        data = torch.empty(geo.heads, geo.tokens, geo.head_dim, dtype=_FP8, device=x.device)
+        scale_inv = torch.empty(geo.heads, geo.tokens, dtype=torch.float32, device=x.device)
+        _launch(
+            x,
+            _ext.per_token_cast,
+            _token_view(x, geo),
+            bool(use_power_2_scales),
+            float(amax_epsilon),
+            data.data_ptr(),
+            scale_inv.data_ptr(),
+        )
+        return data, scale_inv
+    data, scale_inv = ref.per_token_cast_to_fp8(
+        _cpu_tokens(x, qkv_format),
+        use_power_2_scales=use_power_2_scales,
+        amax_epsilon=amax_epsilon,
+    )
+    return _head_major(data, x.device), _head_major(scale_inv, x.device)
+
+
+def per_block_cast_to_mxfp8_rowwise(
+    x: torch.Tensor, *, qkv_format: str, backend: str = "auto"
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 along d (TE's rowwise usage): Q and K of MXFP8 scaling.
+
+    x: bshd / sbhd / thd, bf16 or fp16, d a multiple of 32 (at most MAX_MX_HEAD_DIM).
+    Returns data [h, t, d] float8_e4m3fn and scales [h, t, d // 32] uint8 (E8M0 codes, amax over
+    32 consecutive channels of one token and head). See Note [Mask-exact FP8 scaling].
+    """
+    geo = _geometry(x, qkv_format, "x")
+    _check_mx_head_dim(geo.head_dim, "x")
+    if _use_cuda(backend, x):
+        data = torch.empty(geo.heads, geo.tokens, geo.head_dim, dtype=_FP8, device=x.device)
+        scales = torch.empty(
+            geo.heads, geo.tokens, geo.head_dim // MX_BLOCK, dtype=torch.uint8, device=x.device
+        )
+        _launch(
+            x,
+            _ext.per_block_cast_mxfp8_rowwise,
+            _token_view(x, geo),
+            data.data_ptr(),
+            scales.data_ptr(),
+        )
+        return data, scales
+    data, scales = ref.per_block_cast_to_mxfp8_rowwise(_cpu_tokens(x, qkv_format))
+    return _head_major(data, x.device), _head_major(scales, x.device)
+
+
+@dataclass(frozen=True)
+class _Sequences:
+    """V's sequences along its token axis: chunks start at each one's first token."""
+
+    layout: SeqLayout
+    cu_seqlens: Optional[torch.Tensor]  # [n_seqs + 1] int32 on v's device; None for bshd/sbhd
+
+    def cu_chunks(self, chunk: int) -> List[int]:
+        """[n_seqs + 1] chunk offsets: sequence n owns chunks cu[n] .. cu[n + 1] - 1."""
+        out = [0]
+        for span in self.layout.spans:
+            out.append(out[-1] + (span + chunk - 1) // chunk)
+        return out
+
+
+def _sequences(
+    v: torch.Tensor, geo: _Geometry, qkv_format: str, cu_seqlens: Optional[torch.Tensor]
+) -> _Sequences:
+    if qkv_format != "thd":
+        if cu_seqlens is not None:
+            raise ValueError(
+                f"cu_seqlens is for thd only: in {qkv_format} the chunks start at each sample's"
+                " first token"
+            )
+        return _Sequences(SeqLayout.dense(geo.batch, geo.seqlen), None)
+    if cu_seqlens is None:
+        raise ValueError(
+            "thd needs cu_seqlens (TE's cu_seqlens_padded when the sequences are padded)"
+        )
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
+        raise TypeError(
+            f"cu_seqlens must be an int32 tensor, got {getattr(cu_seqlens, 'dtype', cu_seqlens)}"
+        )
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D with >= 2 entries, got shape {tuple(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.device != v.device:
+        raise ValueError(
+            f"cu_seqlens is on {cu_seqlens.device} but v on {v.device}: both must be on one device"
+        )
+    offsets = cu_seqlens.tolist()
+    if (
+        offsets[0] != 0
+        or any(b < a for a, b in zip(offsets, offsets[1:]))
+        or offsets[-1] > geo.tokens
+    ):
+        raise ValueError(
+            f"cu_seqlens must start at 0, never decrease and end at most at t = {geo.tokens},"
+            f" got {offsets}"
+        )
+    return _Sequences(SeqLayout.varlen(offsets), cu_seqlens.contiguous())
+
+
+def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> torch.Tensor:
+    """cu_chunks on the device; bshd/sbhd build it there (no host-to-device copy)."""
+    if seqs.cu_seqlens is None:
+        per_sample = (geo.seqlen + chunk - 1) // chunk
+        return torch.arange(geo.batch + 1, dtype=torch.int32, device=device) * per_sample
+    return torch.tensor(seqs.cu_chunks(chunk), dtype=torch.int32, device=device)
+
+
+def _chunked_cast_transposed(v, qkv_format, cu_seqlens, chunk, backend, current, **scale_kw):
+    """Common body of the two V casts; `current` picks the current (else the MXFP8) rule."""
+    geo = _geometry(v, qkv_format, "v")
+    (_check_current_head_dim if current else _check_mx_head_dim)(geo.head_dim, "v")
+    if chunk not in CHUNK_SIZES:
+        raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
+    seqs = _sequences(v, geo, qkv_format, cu_seqlens)
+    t_pad = -(-geo.tokens // TOKEN_PAD) * TOKEN_PAD
+    num_chunks = seqs.cu_chunks(chunk)[-1]
+    scale_dtype = torch.float32 if current else torch.uint8
+    if _use_cuda(backend, v):
+        cu_chunks = _device_cu_chunks(seqs, geo, chunk, v.device)
+        data_t = torch.empty(geo.heads, geo.head_dim, t_pad, dtype=_FP8, device=v.device)
+        scales = torch.empty(
+            geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
+        )
+        chunks = _ext.Chunks(
+            cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
+            cu_chunks=cu_chunks.data_ptr(),
+            num_seqs=seqs.layout.num_seqs,
+            num_chunks=num_chunks,
+            chunk=chunk,
+        )
+        if current:
+            kernel = _ext.per_chunk_channel_cast_transposed
+            args = (scale_kw["use_power_2_scales"], scale_kw["amax_epsilon"])
+        else:
+            kernel, args = _ext.per_chunk_cast_mxfp8_columnwise_transposed, ()
+        view = _token_view(v, geo)
+        _launch(v, kernel, view, chunks, *args, data_t.data_ptr(), t_pad, scales.data_ptr())
+        return data_t, scales, cu_chunks
+    return _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, t_pad, current, **scale_kw)
+
+
+def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, t_pad, current, **scale_kw):
+    layout = seqs.layout
+    tokens = _cpu_tokens(v, qkv_format)[: layout.total]  # [total, h, d]
+    if current:
+        data, scales, cu_chunks = ref.per_chunk_channel_cast_to_fp8(
+            tokens, layout, chunk=chunk, **scale_kw
+        )
+    else:
+        data, scales, cu_chunks = ref.per_chunk_cast_to_mxfp8_columnwise(tokens, layout)
+    data_t = torch.zeros(geo.heads, geo.head_dim, t_pad, dtype=_FP8)  # [h, d, t_pad]
+    data_t[:, :, : layout.total] = data.permute(1, 2, 0)
+    return (
+        data_t.to(v.device),
+        scales.transpose(0, 1).contiguous().to(v.device),  # [h, n_chunks, d]
+        torch.tensor(cu_chunks, dtype=torch.int32, device=v.device),
+    )
+
+
+def per_chunk_channel_cast_to_fp8_transposed(
+    v: torch.Tensor,
+    *,
+    qkv_format: str,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    chunk: int = V_CHUNK_CURRENT,
+    use_power_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+    backend: str = "auto",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """E4M3 with one current scale per (kv-head, chunk of `chunk` tokens, channel): V, transposed.
+
+    v: bshd / sbhd / thd, bf16 or fp16, d in CURRENT_HEAD_DIMS, d contiguous; cu_seqlens
+    ([n_seqs + 1] int32 on v's device) for thd only. chunk in CHUNK_SIZES (the format's constant
+    is V_CHUNK_CURRENT). Chunks start at each sequence's first token and never cross a sequence;
+    the last chunk of a sequence may be short.
+    Returns data_t [h_kv, d, t_pad] float8_e4m3fn (t_pad = t rounded up to TOKEN_PAD; columns of
+    no sequence are 0), scale_inv [h_kv, n_chunks, d] float32 (1 / scale, amax over the chunk's
+    tokens) and cu_chunks [n_seqs + 1] int32 (sequence n owns chunks cu_chunks[n] ..
+    cu_chunks[n + 1] - 1). See Note [Mask-exact FP8 scaling].
+    """
+    return _chunked_cast_transposed(
+        v,
+        qkv_format,
+        cu_seqlens,
+        chunk,
+        backend,
+        True,
+        use_power_2_scales=bool(use_power_2_scales),
+        amax_epsilon=float(amax_epsilon),
+    )
+
+
+def per_chunk_cast_to_mxfp8_columnwise_transposed(
+    v: torch.Tensor,
+    *,
+    qkv_format: str,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    backend: str = "auto",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MXFP8 along the tokens (TE's columnwise usage), one E8M0 code per 32 tokens: V, transposed.
+
+    v: as for per_chunk_channel_cast_to_fp8_transposed, with d a multiple of 32 (at most
+    MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
+    Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
+    and cu_chunks [n_seqs + 1] int32. See Note [Mask-exact FP8 scaling].
+    """
+    return _chunked_cast_transposed(v, qkv_format, cu_seqlens, MX_BLOCK, backend, False)
