@@ -1,8 +1,16 @@
-"""The causality audit's CPU mode: table, JSON rows, exit status."""
+"""The causality audit's CPU mode: table, JSON rows, exit status; and the GPU mode's logic that
+needs neither TE nor a GPU (path plans, DotProductAttention arguments, rows of paths that cannot
+run), with a stand-in for the TE runner."""
 
 import json
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import audit
+import pytest
+import torch
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import audit, audit_te
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+    build_scenario,
+)
 
 
 def test_audit_cpu_mode_json_and_exit_status(tmp_path, capsys):
@@ -32,5 +40,147 @@ def test_audit_fails_when_a_fork_path_leaks(monkeypatch):
     )
     rc = audit.main(
         ["--device", "cpu", "--paths", "fork-current", "--scenarios", "report-current-future"]
+    )
+    assert rc == 1
+
+
+# The GPU mode's logic, without TE or a GPU: path plans, argument conversion, rows and exit status.
+
+
+def test_te_path_plans_on_sm90_and_sm100():
+    plan = audit_te.plan_te_path
+    up_mx = plan("upstream-mxfp8", (9, 0), True)
+    assert up_mx.not_runnable and "10.0" in up_mx.not_runnable and "sm90" in up_mx.not_runnable
+    assert not plan("upstream-mxfp8", (10, 0), True).not_runnable
+    up_cur = plan("upstream-current", (9, 0), True)
+    assert (up_cur.recipe, up_cur.mask_exact, up_cur.emulate_fp8) == (
+        "Float8CurrentScaling",
+        False,
+        True,
+    )
+    fork = plan("fork-mxfp8", (9, 0), True)
+    assert (fork.recipe, fork.mask_exact, fork.emulate_fp8, fork.not_runnable) == (
+        "MXFP8BlockScaling",
+        True,
+        False,
+        "",
+    )
+    delayed = plan("upstream-delayed", (9, 0), True)
+    assert (delayed.recipe, delayed.mask_exact) == ("DelayedScaling", None)
+    assert plan("bf16", (9, 0), True).recipe is None
+
+
+def test_te_path_plans_without_the_fork_field():
+    """Against unpatched TE the field is never passed, and the fork paths cannot run."""
+    assert audit_te.plan_te_path("upstream-current", (9, 0), False).mask_exact is None
+    fork = audit_te.plan_te_path("fork-current", (9, 0), False)
+    assert "not the fork" in fork.not_runnable
+    with pytest.raises(ValueError):
+        audit_te.plan_te_path("fork-delayed", (9, 0), True)
+
+
+def _dpa_args(name):
+    sc = build_scenario(name, torch.Generator().manual_seed(0))
+    return sc, *audit_te.dpa_arguments(sc.kwargs, sc.q, sc.k, sc.v)
+
+
+def test_dpa_arguments_of_the_report_and_gqa_scenarios():
+    sc, init, forward = _dpa_args("report-current-future")
+    assert init["qkv_format"] == "sbhd" and init["attn_mask_type"] == "causal"
+    assert (init["num_attention_heads"], init["num_gqa_groups"], init["kv_channels"]) == (
+        1,
+        1,
+        (128, 128),
+    )
+    assert init["attention_dropout"] == 0.0 and forward == {}
+    sc, init, forward = _dpa_args("random-future-v-bottom-right")
+    assert init["attn_mask_type"] == "causal_bottom_right"
+    assert (init["num_attention_heads"], init["num_gqa_groups"]) == (2, 1)
+
+
+def test_dpa_arguments_of_thd_padding_and_window():
+    sc, init, forward = _dpa_args("random-thd-other-sequence")
+    cu = sc.kwargs["cu_seqlens_q"]
+    assert init["qkv_format"] == "thd" and init["attn_mask_type"] == "padding_causal"
+    assert forward["cu_seqlens_q"].dtype == torch.int32
+    assert torch.equal(forward["cu_seqlens_kv"], cu.to(torch.int32))
+    assert forward["max_seqlen_q"] == int((cu[1:] - cu[:-1]).max())
+
+    sc, init, forward = _dpa_args("random-padding-garbage")
+    mask = forward["attention_mask"]  # [b, 1, 1, s], True = padding (masked out)
+    b, s = sc.q.shape[:2]
+    assert mask.shape == (b, 1, 1, s) and "attention_type" not in init
+    assert torch.equal(mask.reshape(-1), ~sc.protected)
+
+    sc, init, forward = _dpa_args("random-window-outside")
+    assert init["window_size"] == sc.kwargs["window_size"] and forward == {}
+
+
+def test_dpa_arguments_of_cross_attention_padding_and_unknown_kwargs():
+    q, k = torch.zeros(2, 8, 1, 64), torch.zeros(2, 12, 1, 64)
+    kw = dict(qkv_format="bshd", attn_mask_type="padding", seqlens_q=[8, 5], seqlens_kv=[12, 3])
+    init, forward = audit_te.dpa_arguments(kw, q, k, k)
+    mask_q, mask_kv = forward["attention_mask"]
+    assert init["attention_type"] == "cross"
+    assert mask_q.shape == (2, 1, 1, 8) and mask_kv.shape == (2, 1, 1, 12)
+    assert int(mask_kv[1].sum()) == 9 and int(mask_q[0].sum()) == 0
+    with pytest.raises(ValueError, match="quant"):
+        audit_te.dpa_arguments(dict(quant=None), q, k, k)
+
+
+def _fake_te_runner(path):
+    """TE stand-in: reference numerics, upstream-delayed as BF16, upstream-mxfp8 not runnable."""
+    if path == "upstream-mxfp8":
+        raise audit_te.NotRunnable("needs compute capability >= 10.0")
+    ref = audit._reference_runner("bf16" if path == "upstream-delayed" else path)
+
+    def run(q, k, v, kw):
+        return ref(q, k, v, kw)[0], "TE fake"
+
+    return run
+
+
+@pytest.fixture
+def fake_te_mode(monkeypatch):
+    monkeypatch.setattr(audit_te, "te_runner", _fake_te_runner)
+    monkeypatch.setattr(audit, "_resolve_mode", lambda device: ("te", ""))
+    monkeypatch.setattr(audit_te, "te_environment", lambda: ["gpu=fake"])
+
+
+def test_te_mode_rows_json_and_exit_status(fake_te_mode, tmp_path, capsys):
+    out = tmp_path / "audit.json"
+    argv = ["--device", "cuda", "--scenarios", "report-mx-same-block", "report-current-future"]
+    rc = audit.main(argv + ["--json", str(out)])
+    rows = {(r["path"], r["scenario"]): r for r in json.loads(out.read_text())}
+    assert rc == 0 and len(rows) == 6 * 2
+    mx = rows[("upstream-mxfp8", "report-mx-same-block")]
+    assert (mx["max_abs"], mx["changed"], mx["exact"]) == (None, None, None)
+    assert mx["backend"] == "not runnable here" and "10.0" in mx["note"]
+    assert rows[("upstream-current", "report-current-future")]["exact"] is False
+    assert rows[("upstream-delayed", "report-current-future")]["exact"] is True
+    assert "note" not in rows[("fork-current", "report-current-future")]
+    text = capsys.readouterr().out
+    assert "gpu=fake" in text and "n/a" in text and "2 not run here" in text
+
+
+def test_te_mode_fails_when_a_fork_path_cannot_run(fake_te_mode, monkeypatch):
+    """A fork path that does not run is not exact: the audit must exit non-zero."""
+
+    def runner(path):
+        if path == "fork-current":
+            raise audit_te.NotRunnable("this transformer_engine is not the fork")
+        return _fake_te_runner(path)
+
+    monkeypatch.setattr(audit_te, "te_runner", runner)
+    rc = audit.main(
+        [
+            "--device",
+            "cuda",
+            "--paths",
+            "bf16",
+            "fork-current",
+            "--scenarios",
+            "report-mx-next-block",
+        ]
     )
     assert rc == 1

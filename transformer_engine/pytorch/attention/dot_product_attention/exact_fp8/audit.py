@@ -6,13 +6,20 @@ tokens were changed, and compares the protected outputs bit for bit. Paths:
   bf16              unquantized attention (control; must be exact)
   upstream-current  upstream TE 2.20.2 current scaling rule (one amax over concat(Q, K, V))
   upstream-mxfp8    upstream TE 2.20.2 MXFP8 rule (FP8 V blocks straddle the mask boundary)
+  upstream-delayed  upstream TE 2.20.2 DelayedScaling (through TE on a GPU only)
   fork-current      this fork's mask-exact current scaling (must be exact)
   fork-mxfp8        this fork's mask-exact MXFP8 (must be exact)
 
---device cpu runs every path through the pure-PyTorch reference numerics (reference_attention.py).
---device cuda runs the fork paths through the fork's Triton kernels on the GPU and the other paths
-through the reference numerics; the `backend` column says which ran. --device auto picks cuda when
-a GPU and the kernels are available. Exit status 1 if any fork-* or bf16 row is not exact.
+--device cpu runs every path but upstream-delayed through the pure-PyTorch reference numerics
+(reference_attention.py). --device cuda runs every path through TE's DotProductAttention on the
+GPU (audit_te.py); a path that cannot run there gets a row that says why and counts as neither
+exact nor leaky. --device auto picks cuda when there is a GPU and TE imports; with a GPU but no
+importable TE it runs the fork paths through the fork's Triton kernels directly and the other
+paths through the reference numerics, and says so in the header; without a GPU, cpu.
+Exit status 1 if any fork-* or bf16 row is not exact (or could not run).
+
+--plot FILE.png draws, for each path, the prefix change against the distance of the perturbed
+token from the prefix end (audit_plot.py); --plot-data FILE.json writes the same data as JSON.
 """
 
 import argparse
@@ -20,33 +27,50 @@ import json
 import platform
 import sys
 from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from . import audit_plot, audit_te
+from .audit_te import TE_PATHS, NotRunnable
 from .reference_attention import PATHS, reference_attention, to_tokens
 from .scenarios import REPORT_SCENARIOS, Scenario, build_scenario, scenario_names
 from .testing import prefix_change
 
-__all__ = ["AuditRow", "run_audit", "main"]
+__all__ = ["AuditRow", "run_audit", "row_json", "main"]
 
 MUST_BE_EXACT = ("bf16", "fork-current", "fork-mxfp8")
+REFERENCE_BACKEND = "reference (CPU)"
+KERNEL_BACKEND = "triton-kernel (GPU)"
+NOT_RUNNABLE = "not runnable here"  # the backend column of a row that did not run; note: why
+# Modes: "cpu" (reference numerics), "te" (TE's modules on the GPU), "kernels" (the fork's kernels
+# directly on the GPU, the other paths through the reference numerics).
+MODES = ("cpu", "te", "kernels")
 
 
 @dataclass
 class AuditRow:
     path: str
     scenario: str
-    max_abs: float
-    changed: int
-    exact: bool
+    max_abs: Optional[float]  # None: not run here
+    changed: Optional[int]
+    exact: Optional[bool]  # None: not run here (neither exact nor leaky)
     backend: str
     trials: int
+    note: str = ""  # why a path did not run; written to JSON only when set
+
+
+def row_json(row: AuditRow) -> dict:
+    """The JSON object of a row (the `note` key only when there is a note)."""
+    out = asdict(row)
+    if not out["note"]:
+        del out["note"]
+    return out
 
 
 def _reference_runner(path: str) -> Callable:
     def run(q, k, v, kw):
-        return reference_attention(path, q, k, v, **kw).out
+        return reference_attention(path, q, k, v, **kw).out, REFERENCE_BACKEND
 
     return run
 
@@ -66,107 +90,187 @@ def _kernel_runner(path: str) -> Callable:
                 kw[f"cu_seqlens_{side}"] = cu
         kw = {key: val.cuda() if torch.is_tensor(val) else val for key, val in kw.items()}
         out, _ = exact_fp8_attention_forward(q.cuda(), k.cuda(), v.cuda(), recipe=recipe, **kw)
-        return out.cpu()
+        return out.cpu(), KERNEL_BACKEND
 
     return run
 
 
-def _pick_runner(path: str, device: str):
-    if device == "cuda" and path.startswith("fork-"):
-        return _kernel_runner(path), "triton-kernel (GPU)"
-    return _reference_runner(path), "reference (CPU)"
+def _runner(path: str, mode: str) -> Callable:
+    """run(q, k, v, kw) -> (out, backend) for `path` in `mode`; raises NotRunnable."""
+    if mode == "te":
+        return audit_te.te_runner(path)
+    if path not in PATHS:
+        raise NotRunnable(f"{path} has no reference numerics; it runs through TE only")
+    if mode == "kernels" and path.startswith("fork-"):
+        return _kernel_runner(path)
+    return _reference_runner(path)
 
 
-def _check(run: Callable, sc: Scenario):
+def _check(run: Callable, sc: Scenario) -> Tuple[float, int, str]:
     fmt = sc.kwargs.get("qkv_format", "bshd")
-    base = to_tokens(run(sc.q, sc.k, sc.v, sc.kwargs), fmt)
-    pert = to_tokens(run(sc.q2, sc.k2, sc.v2, sc.kwargs), fmt)
-    return prefix_change(base, pert, sc.protected)
+    base, backend = run(sc.q, sc.k, sc.v, sc.kwargs)
+    pert, _ = run(sc.q2, sc.k2, sc.v2, sc.kwargs)
+    max_abs, changed = prefix_change(to_tokens(base, fmt), to_tokens(pert, fmt), sc.protected)
+    return max_abs, changed, backend
+
+
+def _not_run(path: str, scenario: str, reason: str) -> AuditRow:
+    return AuditRow(path, scenario, None, None, None, NOT_RUNNABLE, 0, reason)
+
+
+def _audit_row(run: Callable, path: str, name: str, trials: int, seed: int) -> AuditRow:
+    """max_abs and changed are the max and the sum over trials (report scenarios run once)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 1 if name in REPORT_SCENARIOS else trials
+    worst, total, backends = 0.0, 0, []
+    try:
+        for _ in range(n):
+            max_abs, changed, backend = _check(run, build_scenario(name, gen))
+            worst, total = max(worst, max_abs), total + changed
+            backends += [backend] if backend not in backends else []
+    except NotRunnable as err:
+        return _not_run(path, name, str(err))
+    return AuditRow(path, name, worst, total, total == 0, " | ".join(backends), n)
 
 
 def run_audit(
-    paths=PATHS, scenarios=None, trials: int = 3, seed: int = 0, device: str = "cpu"
+    paths=PATHS, scenarios=None, trials: int = 3, seed: int = 0, mode: str = "cpu"
 ) -> List[AuditRow]:
-    """One AuditRow per (path, scenario): max_abs and changed are the max and the sum over trials
-    (the report scenarios are deterministic and run once)."""
+    """One AuditRow per (path, scenario), in `mode` (see MODES)."""
     rows = []
     for path in paths:
-        run, backend = _pick_runner(path, device)
+        try:
+            run = _runner(path, mode)
+        except NotRunnable as err:
+            rows += [_not_run(path, name, str(err)) for name in scenarios or scenario_names()]
+            continue
         for name in scenarios or scenario_names():
-            gen = torch.Generator().manual_seed(seed)
-            n = 1 if name in REPORT_SCENARIOS else trials
-            worst, total = 0.0, 0
-            for _ in range(n):
-                max_abs, changed = _check(run, build_scenario(name, gen))
-                worst, total = max(worst, max_abs), total + changed
-            rows.append(AuditRow(path, name, worst, total, total == 0, backend, n))
+            rows.append(_audit_row(run, path, name, trials, seed))
     return rows
 
 
-def _resolve_device(device: str) -> str:
+def _resolve_mode(device: str) -> Tuple[str, str]:
+    """(mode, a header note saying why when auto fell back)."""
     if device == "cpu":
-        return "cpu"
-    available = torch.cuda.is_available()
+        return "cpu", ""
+    if not torch.cuda.is_available():
+        if device == "cuda":
+            raise SystemExit("--device cuda: no CUDA GPU is visible")
+        return "cpu", ""
+    te_error = audit_te.te_import_error()
+    if te_error is None:
+        return "te", ""
+    if device == "cuda":
+        raise SystemExit(f"--device cuda runs through TE, but {te_error}")
     try:
         from . import attention  # noqa: F401  (the kernels need Triton)
     except ImportError as err:
-        available = False
-        reason = f"the fork's kernels cannot be imported ({err})"
-    else:
-        reason = "no CUDA GPU is visible"
-    if available:
-        return "cuda"
-    if device == "cuda":
-        raise SystemExit(f"--device cuda: {reason}")
-    return "cpu"
+        return (
+            "cpu",
+            f"a GPU is visible but {te_error}, and the fork's kernels do not import ({err})",
+        )
+    return "kernels", (
+        f"{te_error}: the fork paths run the fork's kernels directly, the other paths the"
+        " reference numerics"
+    )
 
 
-def _header(device: str) -> str:
+def _header(mode: str, note: str = "") -> str:
+    device = "cpu" if mode == "cpu" else "cuda"
     lines = [
         f"te-fp8-causality-audit  device={device}  torch={torch.__version__}"
         f"  python={platform.python_version()}"
     ]
-    if device == "cuda":
+    if mode == "te":
+        lines += audit_te.te_environment()
+    elif mode == "kernels":
         import triton
 
         lines.append(f"gpu={torch.cuda.get_device_name()}  triton={triton.__version__}")
+    if note:
+        lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def format_table(rows: List[AuditRow]) -> str:
     head = f"{'path':<17} {'scenario':<30} {'max_abs':>16} {'changed':>8} {'exact':>6}  backend"
     lines = [head, "-" * len(head)]
     for r in rows:
+        exact = "n/a" if r.exact is None else ("yes" if r.exact else "NO")
+        detail = f"{r.backend}; {r.note}" if r.note else r.backend
         lines.append(
-            f"{r.path:<17} {r.scenario:<30} {r.max_abs:>16.10e} {r.changed:>8d}"
-            f" {'yes' if r.exact else 'NO':>6}  {r.backend}"
+            f"{r.path:<17} {r.scenario:<30} {_fmt(r.max_abs, '>16.10e'):>16}"
+            f" {_fmt(r.changed, '>8d'):>8} {exact:>6}  {detail}"
         )
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _summary(rows: List[AuditRow]) -> Tuple[str, bool]:
+    """(the closing line, whether a path that must be exact failed: leaked or did not run)."""
+    leaks = [r for r in rows if r.exact is False]
+    not_run = [r for r in rows if r.exact is None]
+    bad_leaks = [r for r in leaks if r.path in MUST_BE_EXACT]
+    bad_not_run = [r for r in not_run if r.path in MUST_BE_EXACT]
+    line = (
+        f"\n{len(rows)} rows, {len(leaks)} not exact; {len(bad_leaks)} of them on a path that"
+        " must be exact"
+    )
+    if not_run:
+        line += (
+            f"; {len(not_run)} not run here (neither exact nor leaky), {len(bad_not_run)} of them"
+            " on a path that must be exact"
+        )
+    return line, bool(bad_leaks or bad_not_run)
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="te-fp8-causality-audit", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument("--paths", nargs="+", choices=TE_PATHS, default=None)
     parser.add_argument("--scenarios", nargs="+", choices=scenario_names(), default=None)
     parser.add_argument("--trials", type=int, default=3, help="draws per randomized scenario")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the rows as a JSON list")
-    args = parser.parse_args(argv)
+    parser.add_argument("--plot", metavar="FILE.png", help="draw prefix change vs distance")
+    parser.add_argument("--plot-data", metavar="FILE.json", help="write the plot's data as JSON")
+    parser.add_argument(
+        "--max-distance", type=int, default=512, help="largest distance in the plot (power of 2)"
+    )
+    return parser.parse_args(argv)
 
-    device = _resolve_device(args.device)
-    rows = run_audit(args.paths, args.scenarios, args.trials, args.seed, device)
-    print(_header(device))
+
+def _default_paths(mode: str) -> List[str]:
+    return list(TE_PATHS if mode == "te" else PATHS)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parse(argv)
+    if args.plot:
+        audit_plot.require_matplotlib()  # fail before the audit runs, not after
+    mode, note = _resolve_mode(args.device)
+    paths = args.paths or _default_paths(mode)
+    header = _header(mode, note)
+    rows = run_audit(paths, args.scenarios, args.trials, args.seed, mode)
+    print(header)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
-    bad = [r for r in rows if r.path in MUST_BE_EXACT and not r.exact]
-    leaks = sum(1 for r in rows if not r.exact)
-    print(f"\n{len(rows)} rows, {leaks} not exact; {len(bad)} of them on a path that must be exact")
-    return 1 if bad else 0
+            json.dump([row_json(r) for r in rows], f, indent=1)
+    if args.plot or args.plot_data:
+        sweep = audit_plot.distance_sweep(
+            lambda path: _runner(path, mode), paths, args.max_distance, args.seed, header
+        )
+        print("\n" + audit_plot.format_sweep(sweep))
+        audit_plot.save(sweep, png=args.plot, data=args.plot_data)
+    line, failed = _summary(rows)
+    print(line)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
