@@ -108,7 +108,7 @@ def test_per_token_matches_reference(qkv_format, dtype, d, pow2, eps):
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", (32, 64, 96, 128, 256))
+@pytest.mark.parametrize("d", (32, 64, 96, 128, 256, 1024))
 def test_mxfp8_rowwise_matches_reference(qkv_format, dtype, d):
     x, _ = _make(qkv_format, dtype, d, torch.Generator().manual_seed(d + 1))
     assert_same_results(*_both(Q.per_block_cast_to_mxfp8_rowwise, x, qkv_format=qkv_format))
@@ -152,7 +152,7 @@ def test_per_chunk_channel_scale_options(qkv_format, pow2, eps):
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", (32, 64, 96, 128, 256))
+@pytest.mark.parametrize("d", (32, 64, 96, 128, 256, 1024))
 def test_mxfp8_columnwise_matches_reference(qkv_format, dtype, d):
     v, cu = _make(qkv_format, dtype, d, torch.Generator().manual_seed(d + 7))
     kw = dict(qkv_format=qkv_format, cu_seqlens=cu)
@@ -177,6 +177,30 @@ def test_transposed_layout_matches_reference_functions(qkv_format):
     assert not data_t.cpu()[:, :, layout.total :].view(torch.uint8).any()  # padding is zero
     assert_bitwise(scale_inv.cpu(), ref_scale_inv.transpose(0, 1).contiguous())
     assert cu_chunks.tolist() == ref_cu_chunks
+
+
+def _large(case):
+    """(v, qkv_format, cu_seqlens) with far more (head, chunk) items than resident blocks, so each
+    block of the V kernels stages and quantizes several items in turn."""
+    gen = torch.Generator().manual_seed(31)
+    if case == "bshd":
+        return _random((2, 8192, 16, 128), torch.bfloat16, gen).cuda(), "bshd", None
+    if case == "thd":
+        lens = torch.randint(1, 800, (60,), generator=gen)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+        v = _random((int(cu[-1]) + 5, 8, 128), torch.float16, gen)  # 5 unowned tokens
+        return v.cuda(), "thd", cu.cuda()
+    # sbhd with head stride 130: element loads, synchronous staging
+    return _random((8192, 2, 16, 130), torch.bfloat16, gen).cuda()[..., :128], "sbhd", None
+
+
+@pytest.mark.parametrize("case", ["bshd", "thd", "element_loads"])
+def test_large_inputs_match_reference(case):
+    v, qkv_format, cu = _large(case)
+    kw = dict(qkv_format=qkv_format, cu_seqlens=cu)
+    assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
+    assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, v, **kw))
+    assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,19 +114,34 @@ __host__ __device__ __forceinline__ uint32_t e4m3_nan(float x) {
   return 0x7Fu | ((bits_of(x) >> 24) & 0x80u);
 }
 
-/* Two fp32 -> E4M3, round to nearest even, saturating at +-448 (inf included); NaN stays NaN. */
+/* Two fp32 -> E4M3 (low byte: lo), round to nearest even, saturating at +-448, inf included.
+ * NaN gives the E4M3 NaN 0x7F (its sign is set by cast4_to_e4m3). */
 __host__ __device__ __forceinline__ uint32_t cast2_to_e4m3(float lo, float hi) {
-  uint32_t bits = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
-  if (is_nan(lo)) bits = (bits & 0xFF00u) | e4m3_nan(lo);
-  if (is_nan(hi)) bits = (bits & 0x00FFu) | (e4m3_nan(hi) << 8);
-  return bits;
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
-/* Four fp32 (each times `scale`) -> four E4M3 bytes, little-endian in a 32-bit word. */
-__device__ __forceinline__ uint32_t cast4_to_e4m3(const float *x, float scale) {
-  const uint32_t lo = cast2_to_e4m3(mul_rn(x[0], scale), mul_rn(x[1], scale));
-  const uint32_t hi = cast2_to_e4m3(mul_rn(x[2], scale), mul_rn(x[3], scale));
-  return lo | (hi << 16);
+/* Whether any byte of four E4M3 codes is NaN (0x7F or 0xFF; satfinite maps no number there):
+ * the low 7 bits plus one carry into bit 7 only for 0x7F. */
+__host__ __device__ __forceinline__ bool has_e4m3_nan(uint32_t bytes) {
+  return (((bytes & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0u;
+}
+
+/* NaN codes take the sign of their input (as torch's float8_e4m3fn conversion does): the GPU's
+ * multiply returns a positive NaN, so the sign is read from the unscaled input. */
+__host__ __device__ __forceinline__ uint32_t with_nan_signs(uint32_t bytes, const float *x) {
+  for (int i = 0; i < 4; ++i) {
+    if (is_nan(x[i])) bytes = (bytes & ~(0xFFu << (8 * i))) | (e4m3_nan(x[i]) << (8 * i));
+  }
+  return bytes;
+}
+
+/* Four fp32 times `multiplier` -> four E4M3 bytes, little-endian in a 32-bit word. `multiplier`
+ * is finite and positive, so a product is NaN exactly when its input is. */
+__host__ __device__ __forceinline__ uint32_t cast4_to_e4m3(const float *x, float multiplier) {
+  const uint32_t lo = cast2_to_e4m3(mul_rn(x[0], multiplier), mul_rn(x[1], multiplier));
+  const uint32_t hi = cast2_to_e4m3(mul_rn(x[2], multiplier), mul_rn(x[3], multiplier));
+  const uint32_t bytes = lo | (hi << 16);
+  return has_e4m3_nan(bytes) ? with_nan_signs(bytes, x) : bytes;
 }
 
 __device__ __forceinline__ float2 to_float2(uint32_t packed, __nv_bfloat16) {
