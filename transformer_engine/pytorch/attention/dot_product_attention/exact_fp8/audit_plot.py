@@ -24,7 +24,7 @@ import torch
 from .audit_te import NotRunnable
 from .formats import MX_BLOCK
 from .reference_attention import to_tokens
-from .scenarios import _perturb, _randn
+from .scenarios import perturb_tokens, randn_with_outliers
 from .testing import prefix_change
 
 __all__ = [
@@ -59,7 +59,7 @@ def _seq_len(max_distance: int) -> int:
 def _perturbed(x: torch.Tensor, position: int, seed: int) -> torch.Tensor:
     """x [1, s, h, d] with token `position` replaced by garbage (the same draw at every position)."""
     where = (torch.arange(x.shape[1]) == position).view(1, -1)
-    return _perturb(x, where, torch.Generator().manual_seed(seed))
+    return perturb_tokens(x, where, torch.Generator().manual_seed(seed))
 
 
 def _path_sweep(run: Callable, q, k, v, distances, seed) -> Dict:
@@ -91,7 +91,7 @@ def distance_sweep(
     gen = torch.Generator().manual_seed(seed)
     # q = k: each row attends mostly to its own token (score |q|^2 / sqrt(d) ~ 8 against ~1), so a
     # re-rounded prefix value moves its row's output by more than the output's BF16 rounding.
-    q, v = (_randn(gen, 1, s, HEADS, HEAD_DIM) for _ in range(2))
+    q, v = (randn_with_outliers(gen, 1, s, HEADS, HEAD_DIM) for _ in range(2))
     k = q.clone()
     results = {}
     for path in paths:

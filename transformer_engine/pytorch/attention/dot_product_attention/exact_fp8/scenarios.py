@@ -10,7 +10,16 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["Scenario", "REPORT_SCENARIOS", "RANDOM_SCENARIOS", "build_scenario", "scenario_names"]
+__all__ = [
+    "Scenario",
+    "REPORT_SCENARIOS",
+    "RANDOM_SCENARIOS",
+    "build_scenario",
+    "scenario_names",
+    "randn_with_outliers",
+    "large_garbage",
+    "perturb_tokens",
+]
 
 
 @dataclass
@@ -51,23 +60,23 @@ REPORT_SCENARIOS: Dict[str, Callable[[], Scenario]] = {
 }
 
 
-def _randn(gen: torch.Generator, *shape, outlier_frac: float = 0.01) -> torch.Tensor:
+def randn_with_outliers(gen: torch.Generator, *shape, outlier_frac: float = 0.01) -> torch.Tensor:
     """N(0, 1) bf16 with a few x50 outliers, so that scales differ across tokens and channels."""
     x = torch.randn(*shape, generator=gen)
     spikes = torch.rand(*shape, generator=gen) < outlier_frac
     return torch.where(spikes, x * 50, x).to(torch.bfloat16)
 
 
-def _garbage(gen: torch.Generator, shape) -> torch.Tensor:
+def large_garbage(gen: torch.Generator, shape) -> torch.Tensor:
     """Large finite values: they move any scale whose reduction they take part in."""
     mag = 2.0 ** torch.randint(4, 14, shape, generator=gen).float()
     return (torch.randn(*shape, generator=gen) * mag).to(torch.bfloat16)
 
 
-def _perturb(x: torch.Tensor, where: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def perturb_tokens(x: torch.Tensor, where: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """x with the tokens selected by `where` (a mask over x's leading dims) replaced by garbage."""
     where = where.reshape(where.shape + (1,) * (x.dim() - where.dim())).expand_as(x)
-    return torch.where(where, _garbage(gen, x.shape), x)
+    return torch.where(where, large_garbage(gen, x.shape), x)
 
 
 def _future(tensor_name: str, mask_type: str, gen: torch.Generator) -> Scenario:
@@ -76,9 +85,9 @@ def _future(tensor_name: str, mask_type: str, gen: torch.Generator) -> Scenario:
     s_kv = int(torch.randint(192, 448, (1,), generator=gen))
     s_q = s_kv if mask_type == "causal" else s_kv - int(torch.randint(1, 100, (1,), generator=gen))
     q, k, v = (
-        _randn(gen, b, s_q, h, d),
-        _randn(gen, b, s_kv, h_kv, d),
-        _randn(gen, b, s_kv, h_kv, d),
+        randn_with_outliers(gen, b, s_q, h, d),
+        randn_with_outliers(gen, b, s_kv, h_kv, d),
+        randn_with_outliers(gen, b, s_kv, h_kv, d),
     )
     t = int(torch.randint(0, s_q - 1, (1,), generator=gen))
     off = 0 if mask_type == "causal" else s_kv - s_q  # the last key row t sees is t + off
@@ -87,7 +96,7 @@ def _future(tensor_name: str, mask_type: str, gen: torch.Generator) -> Scenario:
     limit = t if tensor_name == "q" else t + off
     later = (torch.arange(s_pert) > limit).view(1, -1).expand(b, -1)
     pert = dict(tensors)
-    pert[tensor_name] = _perturb(tensors[tensor_name], later, gen)
+    pert[tensor_name] = perturb_tokens(tensors[tensor_name], later, gen)
     protected = (torch.arange(s_q) <= t).repeat(b)
     kw = dict(qkv_format="bshd", attn_mask_type=mask_type)
     name = f"random-future-{tensor_name}" + ("-bottom-right" if mask_type != "causal" else "")
@@ -97,9 +106,9 @@ def _future(tensor_name: str, mask_type: str, gen: torch.Generator) -> Scenario:
 def _other_sample(gen: torch.Generator) -> Scenario:
     """bshd causal, b = 3: change every token of sample 1; samples 0 and 2 must not change."""
     b, s, h, d = 3, 192, 2, 64
-    q, k, v = (_randn(gen, b, s, h, d) for _ in range(3))
+    q, k, v = (randn_with_outliers(gen, b, s, h, d) for _ in range(3))
     other = (torch.arange(b) == 1).view(b, 1).expand(b, s)
-    q2, k2, v2 = (_perturb(x, other, gen) for x in (q, k, v))
+    q2, k2, v2 = (perturb_tokens(x, other, gen) for x in (q, k, v))
     protected = ~other.reshape(-1)
     kw = dict(qkv_format="bshd", attn_mask_type="causal")
     return Scenario("random-other-sample", q, k, v, q2, k2, v2, protected, kw)
@@ -110,9 +119,9 @@ def _thd_other_sequence(gen: torch.Generator) -> Scenario:
     lens = [int(x) for x in torch.randint(130, 300, (3,), generator=gen)]
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
     t, h, d = int(cu[-1]), 2, 64
-    q, k, v = (_randn(gen, t, h, d) for _ in range(3))
+    q, k, v = (randn_with_outliers(gen, t, h, d) for _ in range(3))
     seq1 = (torch.arange(t) >= cu[1]) & (torch.arange(t) < cu[2])
-    q2, k2, v2 = (_perturb(x, seq1, gen) for x in (q, k, v))
+    q2, k2, v2 = (perturb_tokens(x, seq1, gen) for x in (q, k, v))
     kw = dict(qkv_format="thd", attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu)
     return Scenario("random-thd-other-sequence", q, k, v, q2, k2, v2, ~seq1, kw)
 
@@ -121,9 +130,9 @@ def _padding(gen: torch.Generator) -> Scenario:
     """bshd padding_causal: garbage in the padded positions must not change the real outputs."""
     b, s, h, d = 2, 256, 2, 64
     lens = [int(x) for x in torch.randint(130, s, (b,), generator=gen)]
-    q, k, v = (_randn(gen, b, s, h, d) for _ in range(3))
+    q, k, v = (randn_with_outliers(gen, b, s, h, d) for _ in range(3))
     padded = torch.arange(s).view(1, s) >= torch.tensor(lens).view(b, 1)
-    q2, k2, v2 = (_perturb(x, padded, gen) for x in (q, k, v))
+    q2, k2, v2 = (perturb_tokens(x, padded, gen) for x in (q, k, v))
     kw = dict(qkv_format="bshd", attn_mask_type="padding_causal", seqlens_q=lens, seqlens_kv=lens)
     return Scenario("random-padding-garbage", q, k, v, q2, k2, v2, ~padded.reshape(-1), kw)
 
@@ -134,9 +143,9 @@ def _window(gen: torch.Generator) -> Scenario:
     b, s, h, d = 1, 640, 2, 64
     left = int(torch.randint(200, 320, (1,), generator=gen))  # >= 190: some tiles are FP8
     p = int(torch.randint(0, s - left - 2, (1,), generator=gen))
-    q, k, v = (_randn(gen, b, s, h, d) for _ in range(3))
+    q, k, v = (randn_with_outliers(gen, b, s, h, d) for _ in range(3))
     at_p = (torch.arange(s) == p).view(1, s)
-    k2, v2 = _perturb(k, at_p, gen), _perturb(v, at_p, gen)
+    k2, v2 = perturb_tokens(k, at_p, gen), perturb_tokens(v, at_p, gen)
     i = torch.arange(s)
     protected = (i - left > p) | (i < p)
     kw = dict(qkv_format="bshd", attn_mask_type="causal", window_size=(left, 0))
