@@ -115,7 +115,7 @@ def _check_current_head_dim(head_dim: int, name: str) -> None:
 
 
 def _check_mx_head_dim(head_dim: int, name: str) -> None:
-    if head_dim % MX_BLOCK or head_dim > MAX_MX_HEAD_DIM:
+    if head_dim % MX_BLOCK or not MX_BLOCK <= head_dim <= MAX_MX_HEAD_DIM:
         raise ValueError(
             f"{name}: MXFP8 needs a head dim that is a multiple of {MX_BLOCK}, at most"
             f" {MAX_MX_HEAD_DIM}, got {head_dim}"
