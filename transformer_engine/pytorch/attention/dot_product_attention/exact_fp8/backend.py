@@ -1,0 +1,299 @@
+"""Backend selection for FP8 DotProductAttention when the recipe asks for mask-exact FP8 attention.
+
+DotProductAttention.forward calls `dispatch(self, attention_params)` once its inputs are checked
+and its AttentionParams are built (patch 0003). Then, when the QKV recipe asks for mask-exact FP8
+attention (te_recipe.mask_exact_recipe):
+
+  * a request that cannot be mask-exact is an error that says why (`check_request`): fp8_mha,
+    fp8_output, or Q/K/V that arrive already quantized (their scales were computed outside the
+    attention, over all tokens);
+  * a configuration the mask-exact kernels support runs them (`Dispatch.run`, autograd.py);
+  * any other configuration runs upstream's BF16/FP16 attention: the AttentionParams handed back
+    have fp8=False, and the reason is logged at debug level ("Disabling mask-exact FP8 attention
+    for ..."). It never falls back to upstream's FP8 attention, whose scales leak across the mask.
+
+Without the request, upstream's selection runs unchanged. This module imports no part of TE at
+import time: `unsupported_reason` and `check_request` are pure and tested on CPU.
+"""
+
+import dataclasses
+import functools
+import importlib.util
+import os
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from .masks import MASK_TYPES
+from .te_recipe import kernel_recipe, mask_exact_recipe
+
+__all__ = [
+    "MIN_COMPUTE_CAPABILITY",
+    "Dispatch",
+    "dispatch",
+    "check_request",
+    "unsupported_reason",
+    "qkv_formats",
+]
+
+MIN_COMPUTE_CAPABILITY = (8, 9)
+"""FP8 tensor cores (Ada, Hopper, Blackwell)."""
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_NON_CAUSAL_MASKS = ("no_mask", "padding")
+_DISABLED = "Disabling mask-exact FP8 attention for %s; running BF16/FP16 attention instead"
+
+
+def qkv_formats(qkv_layout: str) -> Tuple[str, str]:
+    """(q format, kv format) of a TE qkv_layout, e.g. "sbhd_sb2hd" -> ("sbhd", "sbhd")."""
+    parts = qkv_layout.replace("3", "").replace("2", "").split("_")
+    if parts[0] == "paged":
+        parts = parts[2:]
+    return parts[0], parts[-1]
+
+
+def check_request(recipe: Any, params: Any, qkv_quantized: bool) -> None:
+    """Raise ValueError for a request that mask-exact FP8 attention must refuse.
+
+    recipe: the QKV recipe (te_recipe.mask_exact_recipe); params: DotProductAttention's
+    AttentionParams (fp8_meta, fp8_output); qkv_quantized: Q, K, V arrived as FP8 tensors.
+    """
+    off = (
+        " Set fp8_dpa_mask_exact=False in the recipe (or NVTE_FP8_DPA_MASK_EXACT=0 before importing"
+        " transformer_engine) for upstream's FP8 attention, which is not mask-exact."
+    )
+    if recipe.fp8_mha or params.fp8_meta["recipe"].fp8_mha:
+        raise ValueError(
+            "fp8_mha=True cannot be mask-exact: the QKV projection's FP8 output would be quantized"
+            " with one amax over all tokens of the batch, so a future, padded or other-sample token"
+            " would change every token's Q, K and V (and the FP8 attention output handed to the"
+            " output projection has the same problem). Use fp8_mha=False: mask-exact FP8 attention"
+            " then quantizes Q, K and V itself and returns a BF16/FP16 output." + off
+        )
+    if params.fp8_output:
+        raise ValueError(
+            "fp8_output=True cannot be mask-exact: an FP8 attention output is quantized with scales"
+            " that reduce over all tokens, so a masked token would change the output." + off
+        )
+    if qkv_quantized:
+        raise ValueError(
+            "Mask-exact FP8 attention takes BF16/FP16 query, key and value tensors: these arrived"
+            " already quantized, with scales computed outside the attention over all tokens"
+            " (see Note [Mask-exact FP8 scaling])." + off
+        )
+
+
+def unsupported_reason(
+    params: Any,
+    *,
+    compute_capability: Tuple[int, int],
+    head_dims: Tuple[int, ...],
+    triton_available: bool,
+    onnx_export: bool = False,
+) -> Optional[str]:
+    """Why the mask-exact kernels cannot run this call, or None when they can.
+
+    params: DotProductAttention's AttentionParams (any object with its attributes); head_dims:
+    the kernels' head dims (attention.HEAD_DIMS). The first failed check is the reason.
+    """
+    q_format, kv_format = qkv_formats(params.qkv_layout)
+    window = params.window_size if params.window_size is not None else (-1, -1)
+    checks = (
+        (not triton_available, "Triton is not installed"),
+        (
+            tuple(compute_capability) < MIN_COMPUTE_CAPABILITY,
+            "compute capability sm%d%d (FP8 tensor cores need sm89 or newer)"
+            % tuple(compute_capability),
+        ),
+        (onnx_export, "ONNX export"),
+        (params.cuda_graph, "CUDA graph capture (the kernels synchronize with the host)"),
+        (params.qkv_dtype not in _DTYPES, f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"),
+        (
+            params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims,
+            f"head_dim_qk={params.head_dim_qk}, head_dim_v={params.head_dim_v}"
+            f" (equal head dims in {tuple(head_dims)} only)",
+        ),
+        (
+            params.attn_mask_type not in MASK_TYPES,
+            f"attn_mask_type={params.attn_mask_type!r} (no geometry to split V scales at)",
+        ),
+        (
+            params.attn_mask_type in _NON_CAUSAL_MASKS
+            and max(window) >= 0
+            and not params.bottom_right_diagonal,
+            f"a top-left aligned sliding window with attn_mask_type={params.attn_mask_type!r}"
+            " (the kernels align the windows of non-causal masks bottom-right)",
+        ),
+        (q_format != kv_format, f"qkv_layout={params.qkv_layout!r} (q and kv formats differ)"),
+        (params.inference_params is not None, "KV caching (inference_params)"),
+        (params.context_parallel, "context parallelism"),
+        (
+            params.core_attention_bias_type != "no_bias",
+            f"core_attention_bias_type={params.core_attention_bias_type!r}",
+        ),
+        (params.softcap > 0.0, f"softcap={params.softcap}"),
+        (params.softmax_type != "vanilla", f"softmax_type={params.softmax_type!r}"),
+        (
+            params.is_training and params.attention_dropout > 0.0,
+            f"attention_dropout={params.attention_dropout} in training",
+        ),
+        (params.return_max_logit, "return_max_logit=True"),
+        (params.has_score_mod, "score_mod"),
+    )
+    return next((reason for failed, reason in checks if failed), None)
+
+
+@dataclasses.dataclass
+class Dispatch:
+    """The outcome of `dispatch` for one DotProductAttention.forward call.
+
+    attention_params: what upstream's backend selection gets (fp8=False where mask-exact FP8
+    attention was asked for but cannot run). recipe: the kernels' recipe ("current", "mxfp8")
+    when the mask-exact kernels run this call, else None.
+    """
+
+    attention_params: Any
+    recipe: Optional[str] = None
+    use_power_2_scales: bool = False
+    logger: Any = None
+
+    @property
+    def runs(self) -> bool:
+        """Does this call run the mask-exact kernels (else upstream's selection runs)?"""
+        return self.recipe is not None
+
+    def run(self, q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded):
+        """Mask-exact FP8 attention; returns the output as DotProductAttention does, [..., h * d]."""
+        from .autograd import AttentionCall, MaskExactFP8AttentionFunc
+
+        params = self.attention_params
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        call = AttentionCall(
+            recipe=self.recipe,
+            use_power_2_scales=self.use_power_2_scales,
+            qkv_format=qkv_formats(params.qkv_layout)[0],
+            attn_mask_type=params.attn_mask_type,
+            window_size=tuple(params.window_size),
+            bottom_right_diagonal=params.bottom_right_diagonal,
+            softmax_scale=params.softmax_scale,
+            max_seqlen_q=params.max_seqlen_q,
+            max_seqlen_kv=params.max_seqlen_kv,
+            deterministic=params.deterministic,
+            backward=_backward_choice(params, self.logger) if needs_grad else None,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        )
+        out = MaskExactFP8AttentionFunc.apply(q, k, v, call)
+        return out.view(*out.shape[:-2], -1)
+
+
+def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
+    """Decide how one DotProductAttention.forward call runs; see the module doc."""
+    recipe = mask_exact_recipe(dpa.fp8, dpa.fp8_meta)
+    if recipe is None:
+        return Dispatch(attention_params)
+    check_request(recipe, attention_params, _is_quantized(attention_params.qkv_type))
+    reason = unsupported_reason(attention_params, **_device_support())
+    if reason is not None:
+        dpa.logger.debug(_DISABLED, reason)
+        return Dispatch(dataclasses.replace(attention_params, fp8=False))
+    selected = Dispatch(
+        attention_params,
+        recipe=kernel_recipe(recipe),
+        use_power_2_scales=bool(getattr(recipe, "use_power_2_scales", False)),
+        logger=dpa.logger,
+    )
+    _log_selection(dpa.logger, selected.recipe)
+    return selected
+
+
+_last_selection: List[str] = []
+
+
+def _log_selection(logger: Any, recipe: str) -> None:
+    """Log "Running with ..." when it changes, as upstream logs its backend selection."""
+    message = f"Running with mask-exact FP8 attention (recipe {recipe})"
+    if _last_selection != [message]:
+        _last_selection[:] = [message]
+        logger.info(message)
+
+
+_BACKWARD_CACHE_LIMIT = 64
+_backward_cache: List[Tuple[str, Any, str]] = []
+
+
+def _backward_choice(params: Any, logger: Any) -> str:
+    """ "cudnn" when TE's fused attention (cuDNN, F16 sub-backend) has a BF16/FP16 backward for
+    this configuration (TE's own backend selection decides, determinism included), else
+    "recompute". Cached per (NVTE_FUSED_ATTN, AttentionParams), as upstream caches its selection."""
+    env = os.environ.get("NVTE_FUSED_ATTN", "1")
+    for cached_env, cached_params, choice in _backward_cache:
+        if cached_env == env and cached_params == params:
+            return choice
+    choice = _select_backward(params)
+    if choice != "cudnn":
+        logger.debug(
+            "Mask-exact FP8 attention: TE's fused attention has no BF16/FP16 backward for this"
+            " configuration; the backward recomputes unquantized attention under autograd"
+        )
+    _backward_cache.append((env, params, choice))
+    if len(_backward_cache) > _BACKWARD_CACHE_LIMIT:
+        _backward_cache.pop(0)
+    return choice
+
+
+def _select_backward(params: Any) -> str:
+    from transformer_engine.pytorch.attention.dot_product_attention import utils as dpa_utils
+    from transformer_engine.pytorch.cpp_extensions.fused_attn import FusedAttnBackend
+
+    bf16 = dataclasses.replace(params, fp8=False, fp8_output=False, is_training=True)
+    _, _, _, fused_backend, _, available = dpa_utils.get_attention_backend(bf16)
+    f16 = int(FusedAttnBackend["F16_arbitrary_seqlen"])
+    return (
+        "cudnn"
+        if available[1] and fused_backend is not None and int(fused_backend) == f16
+        else "recompute"
+    )
+
+
+def _is_quantized(qkv_type: type) -> bool:
+    if qkv_type is torch.Tensor:
+        return False
+    from transformer_engine.pytorch.quantized_tensor import QuantizedTensorStorage
+
+    return issubclass(qkv_type, QuantizedTensorStorage)
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device: int) -> Tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _device_support() -> dict:
+    """unsupported_reason's keyword arguments that describe this machine and process."""
+    triton_available = _triton_available()
+    return dict(
+        compute_capability=_compute_capability(torch.cuda.current_device()),
+        head_dims=_kernel_head_dims() if triton_available else (),
+        triton_available=triton_available,
+        onnx_export=_onnx_export(),
+    )
+
+
+def _kernel_head_dims() -> Tuple[int, ...]:
+    from .attention import HEAD_DIMS
+
+    return HEAD_DIMS
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _onnx_export() -> bool:
+    from transformer_engine.pytorch.export import is_in_onnx_export_mode
+
+    return is_in_onnx_export_mode()
