@@ -38,9 +38,6 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quanti
     per_block_cast_to_mxfp8_rowwise,
     per_token_cast_to_fp8,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.qk_roundtrip import (
-    fp8_roundtrip_reference,
-)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
     QuantConfig,
     reference_attention,
@@ -325,6 +322,17 @@ def test_check_request_refuses_leaky_requests(recipe, meta_recipe, params, quant
 # The cuDNN backward's inputs
 
 
+@pytest.fixture(scope="module")
+def fp8_roundtrip_reference():
+    """qk_roundtrip.fp8_roundtrip_reference (the module also holds the Triton round trip, built on
+    the attention kernel's Triton scale functions, kernel_scaling.py)."""
+    module = pytest.importorskip(
+        "transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.qk_roundtrip",
+        reason="qk_roundtrip needs Triton and the attention kernel's kernel_scaling.py",
+    )
+    return module.fp8_roundtrip_reference
+
+
 def _lse_by_token(h, t):
     """lse[head, token] = 1000 * head + token: every entry names its own position."""
     return (1000.0 * torch.arange(h)[:, None] + torch.arange(t)[None, :]).float()
@@ -357,7 +365,7 @@ def test_softmax_stats_rows_that_see_nothing_get_plus_inf():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_roundtrip_reference(dtype):
+def test_fp8_roundtrip_reference(dtype, fp8_roundtrip_reference):
     """The round trip is the forward's quantization, dequantized in fp32 with one rounding."""
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(2, 7, 4, 64, generator=gen) * 3).to(dtype)
@@ -400,7 +408,7 @@ no outliers). The GPU test allows 0.08 (GRAD_RTOL there): this bound plus BF16 r
 
 
 @pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_backward_inputs_give_gradients_within_tolerance(path, recipe):
+def test_backward_inputs_give_gradients_within_tolerance(path, recipe, fp8_roundtrip_reference):
     """Feed the math of cuDNN's backward exactly what cudnn_backward feeds it (round-tripped Q/K,
     the FP8 forward's O, its LSE in cuDNN's layout): gradients stay within the GPU tolerance."""
     gen = torch.Generator().manual_seed(2)
@@ -417,7 +425,7 @@ def test_backward_inputs_give_gradients_within_tolerance(path, recipe):
 
 
 @pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe):
+def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe, fp8_roundtrip_reference):
     """Note [BF16 backward of the FP8 forward]: with outliers, the FP8 forward's LSE paired with
     the unquantized Q, K blows gradients up; with the round-tripped Q, K they stay bounded."""
     gen = torch.Generator().manual_seed(3)
