@@ -25,6 +25,7 @@ is installed (else draw it later: python benchmarks/te/plot_speed.py DIR/bench_t
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -51,20 +52,26 @@ def causal_flops(b: int, h: int, s: int, d: int, mode: str) -> float:
     return fwd * (FWD_BWD_FLOPS_FACTOR if mode == "fwd+bwd" else 1.0)
 
 
-def make_recipe(path: str):
-    """The autocast recipe of `path` (None: BF16)."""
+def recipe_context(path: str):
+    """A context manager yielding the autocast recipe of `path` (None: BF16). Fork paths go through
+    te_recipe.attention_fp8_autocast_recipe (MXFP8 attention below sm100 needs TE's
+    NVTE_DPA_FP8_RECIPE switch under a current-scaling autocast); enter it around every call."""
     from transformer_engine.common import recipe
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te_recipe import (
+        MASK_EXACT_FIELD,
+        attention_fp8_autocast_recipe,
+    )
 
     if path == "upstream-bf16":
-        return None
+        return contextlib.nullcontext(None)
     if path == "upstream-delayed":
-        return recipe.DelayedScaling(fp8_dpa=True)
-    cls = recipe.Float8CurrentScaling if path == "fork-current" else recipe.MXFP8BlockScaling
-    if "fp8_dpa_mask_exact" not in getattr(cls, "__dataclass_fields__", {}):
+        return contextlib.nullcontext(recipe.DelayedScaling(fp8_dpa=True))
+    if MASK_EXACT_FIELD not in getattr(recipe.Float8CurrentScaling, "__dataclass_fields__", {}):
         raise RuntimeError(
             "this transformer_engine is upstream, not the fork (no mask-exact field)"
         )
-    return cls(fp8_dpa=True, fp8_dpa_mask_exact=True)
+    kind = "current" if path == "fork-current" else "mxfp8"
+    return attention_fp8_autocast_recipe(kind, **{MASK_EXACT_FIELD: True})
 
 
 def _inputs(b: int, s: int, h: int, d: int, seed: int = 0):
@@ -78,11 +85,11 @@ def _inputs(b: int, s: int, h: int, d: int, seed: int = 0):
 def _forward(te, path: str, q, k, v) -> Callable:
     dpa = te.DotProductAttention(q.shape[2], q.shape[3], qkv_format="bshd", attn_mask_type="causal")
     dpa = dpa.cuda().eval()
-    recipe = make_recipe(path)
 
     def fn():
-        with torch.no_grad(), te.autocast(enabled=recipe is not None, recipe=recipe):
-            return dpa(q, k, v)
+        with recipe_context(path) as recipe, torch.no_grad():
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                return dpa(q, k, v)
 
     return fn
 
@@ -90,13 +97,13 @@ def _forward(te, path: str, q, k, v) -> Callable:
 def _forward_backward(te, path: str, q, k, v, dout) -> Callable:
     dpa = te.DotProductAttention(q.shape[2], q.shape[3], qkv_format="bshd", attn_mask_type="causal")
     dpa = dpa.cuda().train()
-    recipe = make_recipe(path)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     grad = dout.flatten(2)  # TE returns [b, s, h * d]
 
     def fn():
-        with te.autocast(enabled=recipe is not None, recipe=recipe):
-            out = dpa(qg, kg, vg)
+        with recipe_context(path) as recipe:
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                out = dpa(qg, kg, vg)
         out.backward(grad)
 
     fn.grad_tensors = (qg, kg, vg)

@@ -35,6 +35,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .te_recipe import MASK_EXACT_FIELD, attention_fp8_autocast_recipe
+
 __all__ = [
     "TE_PATHS",
     "MASK_EXACT_FIELD",
@@ -55,7 +57,6 @@ TE_PATHS = (
     "fork-current",
     "fork-mxfp8",
 )
-MASK_EXACT_FIELD = "fp8_dpa_mask_exact"
 EMULATE_ENV = "NVTE_UnfusedDPA_Emulate_FP8"
 DETERMINISM_ENV = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
 MXFP8_MIN_CAPABILITY = (10, 0)
@@ -199,16 +200,21 @@ def te_environment() -> List[str]:
     ]
 
 
-def _make_recipe(plan: TePathPlan):
-    from transformer_engine.common import recipe
+def _recipe_context(plan: TePathPlan):
+    """A context manager yielding the autocast recipe of `plan` (None: autocast off).
 
-    cls = getattr(recipe, plan.recipe)
-    kwargs = dict(fp8_dpa=True, fp8_mha=False)
-    if plan.recipe != "DelayedScaling":
-        kwargs["fp8_format"] = recipe.Format.E4M3  # as the bug report; DelayedScaling: default
-    if plan.mask_exact is not None:
-        kwargs[MASK_EXACT_FIELD] = plan.mask_exact
-    return cls(**kwargs)
+    Current scaling and MXFP8 go through te_recipe.attention_fp8_autocast_recipe, which gets MXFP8
+    attention on GPUs whose autocast refuses MXFP8BlockScaling (below sm100).
+    """
+    if plan.recipe is None:
+        return contextlib.nullcontext(None)
+    if plan.recipe == "DelayedScaling":
+        from transformer_engine.common import recipe
+
+        return contextlib.nullcontext(recipe.DelayedScaling(fp8_dpa=True, fp8_mha=False))
+    fields = {} if plan.mask_exact is None else {MASK_EXACT_FIELD: plan.mask_exact}
+    kind = "mxfp8" if plan.recipe == "MXFP8BlockScaling" else "current"
+    return attention_fp8_autocast_recipe(kind, **fields)
 
 
 @contextlib.contextmanager
@@ -279,8 +285,9 @@ def _call_dpa(plan: TePathPlan, q, k, v, kw) -> torch.Tensor:
 
     init, forward = dpa_arguments(kw, q, k, v)
     dpa = te.DotProductAttention(**init).cuda().eval()
-    recipe = _make_recipe(plan) if plan.recipe else None
-    with torch.no_grad(), te.autocast(enabled=recipe is not None, recipe=recipe):
+    with _recipe_context(plan) as recipe, torch.no_grad(), te.autocast(
+        enabled=recipe is not None, recipe=recipe
+    ):
         out = dpa(q.cuda(), k.cuda(), v.cuda(), **_to_cuda(forward))
     return out.reshape(q.shape[:-1] + (v.shape[-1],)).cpu()  # TE returns [..., h * d]
 

@@ -14,6 +14,7 @@ The recipe that decides is the one DotProductAttention quantizes Q, K and V with
 alone cannot tell. See Note [Mask-exact FP8 scaling] in formats.py for what "mask-exact" means.
 """
 
+import contextlib
 from typing import Any, Dict, Mapping, Optional
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "qkv_recipe",
     "mask_exact_recipe",
     "dpa_runs_mask_exact",
+    "attention_fp8_autocast_recipe",
 ]
 
 MASK_EXACT_FIELD = "fp8_dpa_mask_exact"
@@ -81,3 +83,43 @@ def dpa_runs_mask_exact(dpa: Any) -> bool:
     """
     dpa.init_fp8_metadata(num_gemms=3)
     return mask_exact_recipe(dpa.fp8, dpa.fp8_meta) is not None
+
+
+MXFP8_NATIVE_CAPABILITY = (10, 0)
+
+
+@contextlib.contextmanager
+def attention_fp8_autocast_recipe(kind: str, **fields):
+    """The autocast recipe under which DotProductAttention runs `kind` ("current" or "mxfp8") FP8
+    attention on this GPU, for use as `with attention_fp8_autocast_recipe("mxfp8") as recipe:`.
+
+    Upstream's autocast refuses MXFP8BlockScaling below compute capability 10.0, so there the
+    attention gets MXFP8 through the NVTE_DPA_FP8_RECIPE=MXFP8BlockScaling switch under a
+    Float8CurrentScaling autocast (the switch builds an MXFP8 recipe for attention only; patch 0002
+    carries `fields` into it). TE reads that variable at import, so the block sets the module
+    globals it was read into, and restores them on exit. `fields` go to the recipe (E4M3 format,
+    fp8_dpa=True and fp8_mha=False by default).
+    """
+    import torch
+    from transformer_engine.common import recipe as te_recipe
+    from transformer_engine.pytorch.attention import multi_head_attention as mha_module
+    from transformer_engine.pytorch.attention.dot_product_attention import (
+        dot_product_attention as dpa_module,
+    )
+
+    if kind not in ("current", "mxfp8"):
+        raise ValueError(f"kind must be 'current' or 'mxfp8', got {kind!r}")
+    kwargs = dict(fp8_format=te_recipe.Format.E4M3, fp8_dpa=True, fp8_mha=False, **fields)
+    switch = None
+    if kind == "mxfp8" and torch.cuda.get_device_capability() >= MXFP8_NATIVE_CAPABILITY:
+        yield te_recipe.MXFP8BlockScaling(**kwargs)
+        return
+    if kind == "mxfp8":
+        switch = "MXFP8BlockScaling"
+    saved = (dpa_module._dpa_fp8_recipe, mha_module._dpa_fp8_recipe)
+    if switch is not None:
+        dpa_module._dpa_fp8_recipe = mha_module._dpa_fp8_recipe = switch
+    try:
+        yield te_recipe.Float8CurrentScaling(**kwargs)
+    finally:
+        dpa_module._dpa_fp8_recipe, mha_module._dpa_fp8_recipe = saved
