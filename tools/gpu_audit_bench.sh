@@ -7,9 +7,8 @@
 #
 #   OUT=/some/dir bash tools/gpu_audit_bench.sh
 #
-# 1. assembles the fork (upstream's Python tree from the staged wheel + patches + this repo's
-#    files) into /tmp/te-fork, next to upstream's core library and torch extension, and builds the
-#    fork's CUDA extension; skipped when TE_FORK_DIR names a folder that already holds the fork;
+# 1. assembles the fork with tools/gpu_fork_env.sh into /tmp/te-fork (skipped when TE_FORK_DIR
+#    names a folder that already holds the fork);
 # 2. runs the audit: te-fp8-causality-audit --device cuda -> $OUT/audit_gpu.json, the plot's data
 #    $OUT/audit_sweep.json and, where matplotlib is installed, $OUT/audit_gpu.png;
 # 3. runs benchmarks/te/bench_te_attention.py -> $OUT/bench_te.{md,json,png};
@@ -22,8 +21,6 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
-STAGE=${TE_STAGE_DIR:-/tmp/stage}
-SITE=${TE_SITE_DIR:-/tmp/te-site}
 STEPS=${STEPS:-audit bench}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
@@ -33,40 +30,8 @@ AUDIT_MODULE=transformer_engine.pytorch.attention.dot_product_attention.exact_fp
 
 log() { echo "== $*" | tee -a "$LOG"; }
 
-# Upstream's core library and torch extension live in $SITE; the fork's tree needs them beside it
-# (TE looks for libtransformer_engine*.so and transformer_engine_torch*.so next to its package).
-link_upstream_libraries() {
-  local fork=$1 so
-  for so in "$SITE"/transformer_engine_torch*.so; do
-    [ -e "$so" ] && ln -sf "$so" "$fork/"
-  done
-  if [ -d "$SITE/transformer_engine/wheel_lib" ]; then
-    ln -sfn "$SITE/transformer_engine/wheel_lib" "$fork/transformer_engine/wheel_lib"
-  fi
-  for so in "$SITE"/transformer_engine/libtransformer_engine*.so; do
-    [ -e "$so" ] && ln -sf "$so" "$fork/transformer_engine/"
-  done
-  return 0
-}
-
-assemble_fork() {
-  local fork=/tmp/te-fork
-  log "assemble the fork into $fork (offline, pure-Python wheel from $STAGE)"
-  rm -rf "$fork" /tmp/te-fork-build
-  (cd "$ROOT" && python3 -m build_tools.assemble --out "$fork" --offline "$STAGE") 2>&1 | tee -a "$LOG"
-  link_upstream_libraries "$fork"
-  log "build the fork's CUDA extension (sm_90)"
-  if ! (cd "$ROOT" && python3 -m build_tools.cmake_build --build-dir /tmp/te-fork-build \
-        --install-dir "$fork" --arch 90) >> "$LOG" 2>&1; then
-    log "WARNING: the CUDA extension did not build (see $LOG); paths that need it will say so"
-  fi
-  TE_FORK_DIR=$fork
-}
-
-source /tmp/te-env.sh
-[ -n "${TE_FORK_DIR:-}" ] || assemble_fork
-export PYTHONPATH=$TE_FORK_DIR${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONSAFEPATH=1  # `python -m` must import the assembled fork, not this checkout's tree
+source "$ROOT/tools/gpu_fork_env.sh"
+use_fork /tmp/te-fork
 python3 -m transformer_engine._fork_build_info 2>&1 | tee -a "$LOG"
 
 PLOT=(--plot-data "$OUT/audit_sweep.json")

@@ -8,11 +8,8 @@
 #
 #   OUT=/some/dir bash tools/gpu_te_check.sh [extra pytest arguments, e.g. -k report]
 #
-# 1. assembles the fork (the staged wheel + patches/series + this repository's files) into a
-#    fresh temp folder, next to upstream's core library and torch extension, builds the fork's
-#    CUDA extension for sm_90 where build_tools/cmake_build.py exists (the quantization kernels;
-#    without it they run their slow reference), and checks that `import transformer_engine`
-#    resolves to that folder with its patched files intact;
+# 1. assembles the fork with tools/gpu_fork_env.sh (into /tmp/te-fork, or reuses TE_FORK_DIR),
+#    and checks that `import transformer_engine` resolves to it with its patched files intact;
 # 2. runs pytest on tests/pytorch/attention/test_exact_fp8_te.py (at most $PYTEST_TIMEOUT
 #    seconds, default 480), junit XML in $OUT/junit.xml;
 # 3. prints a summary table last. Everything is also logged to $OUT/log.txt.
@@ -20,9 +17,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
-STAGE=${TE_STAGE_DIR:-/tmp/stage}
-SITE=${TE_SITE_DIR:-/tmp/te-site}
-FORK=$(mktemp -d /tmp/te-fork-check.XXXXXX)
+FORK=${TE_FORK_DIR:-/tmp/te-fork}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : > "$LOG"
@@ -30,42 +25,11 @@ export PYTHONUNBUFFERED=1
 
 log() { echo "== $*" | tee -a "$LOG"; }
 
-# TE finds libtransformer_engine*.so and transformer_engine_torch*.so next to its own package
-# (common/__init__.py, _get_shared_object_file): put upstream's beside the assembled tree.
-link_upstream_libraries() {
-  local so
-  for so in "$SITE"/transformer_engine_torch*.so; do
-    [ -e "$so" ] && ln -sf "$so" "$FORK/"
-  done
-  [ -d "$SITE/transformer_engine/wheel_lib" ] &&
-    ln -sfn "$SITE/transformer_engine/wheel_lib" "$FORK/transformer_engine/wheel_lib"
-  for so in "$SITE"/transformer_engine/libtransformer_engine*.so; do
-    [ -e "$so" ] && ln -sf "$so" "$FORK/transformer_engine/"
-  done
-  return 0
-}
-
-assemble_fork() {
-  log "assemble the fork into $FORK (offline: the pure-Python wheel from $STAGE)"
-  (cd "$ROOT" && python3 -m build_tools.assemble --out "$FORK" --offline "$STAGE") 2>&1 |
-    tee -a "$LOG" || return 1
-  link_upstream_libraries
-  if [ -f "$ROOT/build_tools/cmake_build.py" ]; then
-    log "build the fork's CUDA extension (sm_90)"
-    if ! (cd "$ROOT" && python3 -m build_tools.cmake_build --build-dir "$FORK.build" \
-          --install-dir "$FORK" --arch 90) >> "$LOG" 2>&1; then
-      log "WARNING: the CUDA extension did not build (see $LOG); quantization runs its reference"
-    fi
-  fi
-}
-
-source "${TE_ENV:-/tmp/te-env.sh}"
-if ! assemble_fork; then
+source "$ROOT/tools/gpu_fork_env.sh"
+if ! use_fork "$FORK"; then
   log "FAILED: the fork could not be assembled (see above)"
   exit 2
 fi
-export PYTHONPATH=$FORK${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONSAFEPATH=1  # python -m must import the assembled fork, never this checkout's tree
 if ! python3 - "$FORK" 2>&1 <<'PY' | tee -a "$LOG"; then
 import sys, torch, triton
 import transformer_engine as te_pkg
