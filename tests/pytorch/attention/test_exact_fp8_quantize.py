@@ -180,8 +180,8 @@ def test_transposed_layout_matches_reference_functions(qkv_format):
 
 
 def _large(case):
-    """(v, qkv_format, cu_seqlens) with far more (head, chunk) items than resident blocks, so each
-    block of the V kernels stages and quantizes several items in turn."""
+    """(v, qkv_format, cu_seqlens) with far more blocks than the GPU holds at once; in thd, 60
+    sequences of random lengths, so warp tiles cover the ends of many sequences and short chunks."""
     gen = torch.Generator().manual_seed(31)
     if case == "bshd":
         return _random((2, 8192, 16, 128), torch.bfloat16, gen).cuda(), "bshd", None
@@ -190,7 +190,7 @@ def _large(case):
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
         v = _random((int(cu[-1]) + 5, 8, 128), torch.float16, gen)  # 5 unowned tokens
         return v.cuda(), "thd", cu.cuda()
-    # sbhd with head stride 130: element loads, synchronous staging
+    # sbhd with head stride 130: element loads
     return _random((8192, 2, 16, 130), torch.bfloat16, gen).cuda()[..., :128], "sbhd", None
 
 

@@ -193,6 +193,32 @@ __device__ __forceinline__ float abs_max8(const float *x, float running) {
   return running;
 }
 
+/* Per-half max of |x| over two packed 16-bit values (bf16x2 or f16x2 bits), exact: |x| clears
+ * the sign bits, and max.{bf16,f16}x2, like fmaxf, returns the other operand when one is NaN, so
+ * a NaN decides no amax (a running max that starts at 0 is never NaN). */
+template <typename T>
+__device__ __forceinline__ uint32_t abs_max2(uint32_t running, uint32_t packed);
+
+template <>
+__device__ __forceinline__ uint32_t abs_max2<__nv_bfloat16>(uint32_t running, uint32_t packed) {
+  __nv_bfloat162 a;
+  __nv_bfloat162 b;
+  *reinterpret_cast<uint32_t *>(&a) = running;
+  *reinterpret_cast<uint32_t *>(&b) = packed & 0x7FFF7FFFu;
+  const __nv_bfloat162 m = __hmax2(a, b);
+  return *reinterpret_cast<const uint32_t *>(&m);
+}
+
+template <>
+__device__ __forceinline__ uint32_t abs_max2<__half>(uint32_t running, uint32_t packed) {
+  __half2 a;
+  __half2 b;
+  *reinterpret_cast<uint32_t *>(&a) = running;
+  *reinterpret_cast<uint32_t *>(&b) = packed & 0x7FFF7FFFu;
+  const __half2 m = __hmax2(a, b);
+  return *reinterpret_cast<const uint32_t *>(&m);
+}
+
 /* max over the `width` lanes of an aligned group (width a power of two, at most 32). */
 __device__ __forceinline__ float group_max(float value, int width) {
   for (int offset = 1; offset < width; offset <<= 1) {

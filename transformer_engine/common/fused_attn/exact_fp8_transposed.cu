@@ -2,18 +2,15 @@
  * Chunk kernels of the mask-exact FP8 quantizers: V, one scale per (head, chunk of tokens of one
  * sequence, channel), written transposed (token axis last) for the attention kernel's P.V.
  *
- * A work item is one (head, chunk). Each block stays resident and takes every workers-th item,
- * staging the next item's token rows in shared memory (cp.async, 16-byte copies) while it
- * quantizes the current one: each thread takes two channels of 16 tokens, reduces the channel
- * amax with the threads holding the chunk's other tokens, then writes 16 E4M3 bytes per channel
- * as one 16-byte store into the transposed output. See Note [Mask-exact FP8 scaling]
+ * One pass, registers only. A warp quantizes a tile of 32 channels of one head by a span of 128
+ * tokens (128 / chunk consecutive chunks). Lane (channel group, token group) holds 16 tokens x 8
+ * channels: it reads them with 16 independent 16-byte loads (one per token row), reduces each
+ * channel's amax over its tokens and then, by shuffles, over the lanes that hold the chunk's
+ * other tokens, and writes each channel's 16 E4M3 bytes with one 16-byte store. The 8 token groups
+ * of a channel group are adjacent lanes, so one store instruction of the warp writes 128
+ * contiguous bytes into each of 4 data_t rows. See Note [Mask-exact FP8 scaling]
  * (exact_fp8/formats.py): chunks start at each sequence's first token and never cross a sequence.
  */
-#include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
-
 #include "exact_fp8_kernels.h"
 #include "exact_fp8_numerics.cuh"
 
@@ -21,13 +18,19 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace {
 
-constexpr int kMaxThreads = 256;
-constexpr int kMinThreads = 64;
-constexpr int kLoadsPerThread = 4;  // independent 16-byte loads in flight per thread (sync path)
-constexpr int kTokensPerThread = 16;  // tokens of one channel per thread: one 16-byte store
-constexpr int kSharedWordsPerRowMultiple = 32;  // one row of banks
-constexpr int kStages = 2;  // shared-memory tiles per block: the item in work, the next one
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+constexpr int kTokensPerLane = 16;           // tokens of one channel per lane: one 16-byte store
+constexpr int kChannelsPerLane = kVecElems;  // channels per lane: one 16-byte load per token
+constexpr int kWordsPerRow = kChannelsPerLane / 2;  // 32-bit words (channel pairs) per lane row
+constexpr int kTokenGroups = 8;                     // lanes along the token axis of a warp tile
+constexpr int kSpanTokens = kTokenGroups * kTokensPerLane;  // 128 tokens per warp tile
+constexpr int kChannelGroups = kWarpSize / kTokenGroups;
+constexpr int kChannelsPerWarp = kChannelGroups * kChannelsPerLane;  // 32: divides every head dim
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * kWarpSize;
+constexpr int kMinBlocksPerSm = 5;  // 96 registers per thread (no spills): 20 warps per SM
+constexpr int64_t kMaxTilesPerHead = 2147483647 - kWarpsPerBlock;  // blocks and tiles fit int
 
 struct ChunkParams {
   const void *v;  // [batch, seqlen, heads, head_dim] view, element strides below
@@ -36,19 +39,19 @@ struct ChunkParams {
   int64_t stride_head;
   int seqlen;
   int heads;
-  int head_dim;
-  int row_words;              // 32-bit words per staged token row
+  int head_dim;               // a multiple of kChannelsPerWarp (checked by the C API)
   const int32_t *cu_seqlens;  // [num_seqs + 1] token offsets; null: one sequence per sample
   const int32_t *cu_chunks;   // [num_seqs + 1] chunk offsets (with cu_seqlens)
   int num_seqs;
   int num_chunks;
   int chunks_per_sample;  // without cu_seqlens
+  int num_spans;          // spans of 128 / chunk consecutive chunks (the last may be partial)
+  int tiles_per_head;     // warp tiles of one head: num_spans * head_dim / 32
   int64_t tokens;         // batch * seqlen
   uint8_t *data_t;        // [heads, head_dim, data_t_stride] E4M3
   int64_t data_t_stride;
   void *scales;  // [heads, num_chunks, head_dim]: fp32 scale_inv or E8M0 codes
   ScaleOptions opts;
-  int workers;  // blocks that quantize items; block `workers` zeroes the unowned columns
 };
 
 /* Where a chunk's tokens are. */
@@ -82,266 +85,215 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
   return {first * p.stride_seq, first, min(kChunk, end - first)};
 }
 
-/* Staged rows hold two channels per 32-bit word, row_words (a multiple of 32) words per token.
- * In the column phase the G = kChunk / 16 threads of one channel pair sit in adjacent lanes and
- * read rows 16 g + j at the same j; XOR-ing the word index with g * 32 / G sends the G rows to
- * distinct banks. The XOR keeps 4-word groups together, so 16-byte staging stores stay whole. */
+/* What one lane quantizes: 16 tokens (one token group of a chunk) x 8 channels of one head. */
+struct LaneTile {
+  int head;
+  int chunk;    // num_chunks or more: past the last chunk (the lane only joins the shuffles)
+  int group;    // 16-token group of the lane within its chunk
+  int channel;  // first of the lane's 8 channels
+  int first_lane_of_chunk;
+};
+
+/* Warp tile of a head -> (span, 32-channel slice), slice fastest, so the warps of a block read
+ * neighbouring channels of the same token rows. Lane = channel group * 8 + token group. */
 template <int kChunk>
-__device__ __forceinline__ int swizzle(int row) {
-  constexpr int kGroups = kChunk / kTokensPerThread;
-  return ((row / kTokensPerThread) % kGroups) * (32 / kGroups);
+__device__ LaneTile locate_lane(const ChunkParams &p, int head, int tile) {
+  constexpr int kGroups = kChunk / kTokensPerLane;  // lanes per chunk
+  const int lane = threadIdx.x % kWarpSize;
+  const int slices = p.head_dim / kChannelsPerWarp;
+  const int span = tile / slices;
+  const int slice = tile - span * slices;
+  const int token_group = lane % kTokenGroups;
+  const int group = token_group % kGroups;
+  return {head, span * (kSpanTokens / kChunk) + token_group / kGroups, group,
+          slice * kChannelsPerWarp + lane / kTokenGroups * kChannelsPerLane, lane - group};
 }
 
-/* 16 bytes global -> shared without a register round trip; zero bytes are read (and 16 zeros
- * written) when `real` is false. */
-__device__ __forceinline__ void copy_async_16(uint32_t *dst, const void *src, bool real) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
-               "r"(real ? 16 : 0)
-               : "memory");
+/* The lane's token rows of 8 channels as raw 16-bit pairs, zeros from token `valid` on: 16
+ * independent 16-byte loads (element loads for unaligned views). */
+template <typename T, bool kVectorized>
+__device__ void load_lane_rows(const ChunkParams &p, const LaneTile &lane, const ChunkSpan &span,
+                               int valid, uint32_t (&rows)[kTokensPerLane][kWordsPerRow]) {
+  const T *src = static_cast<const T *>(p.v) + span.src_offset + lane.head * p.stride_head +
+                 lane.channel + static_cast<int64_t>(lane.group) * kTokensPerLane * p.stride_seq;
+#pragma unroll
+  for (int j = 0; j < kTokensPerLane; ++j) {
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    if (j < valid) raw = load_vec8<T, kVectorized>(src + j * p.stride_seq);
+    rows[j][0] = raw.x;
+    rows[j][1] = raw.y;
+    rows[j][2] = raw.z;
+    rows[j][3] = raw.w;
+  }
 }
 
-/* Close the group of copies issued since the previous commit. */
-__device__ __forceinline__ void commit_copies() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+/* Channel c (0..7) of a lane row, as fp32 (exact). */
+template <typename T>
+__device__ __forceinline__ float channel_value(const uint32_t (&row)[kWordsPerRow], int c) {
+  const float2 pair = to_float2(row[c / 2], T{});
+  return c % 2 == 0 ? pair.x : pair.y;
 }
 
-/* Wait until at most the last committed group is in flight (this thread's copies only). */
-__device__ __forceinline__ void wait_for_all_but_last_copies() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+/* max |x| per channel over the lane's tokens, on the packed 16-bit pairs (exact; a NaN decides
+ * no scale), then as fp32. */
+template <typename T>
+__device__ void lane_channel_amax(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
+                                  float (&amax)[kChannelsPerLane]) {
+  uint32_t pairs[kWordsPerRow] = {};  // [channel pair] running max, packed like the input
+#pragma unroll
+  for (int j = 0; j < kTokensPerLane; ++j) {
+#pragma unroll
+    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = abs_max2<T>(pairs[w], rows[j][w]);
+  }
+#pragma unroll
+  for (int c = 0; c < kChannelsPerLane; ++c) amax[c] = channel_value<T>(pairs, c);
 }
 
-/* Stage the chunk's token rows into `tile` ([kChunk, row_words] words, swizzled), zeros past the
- * chunk's end. Vectorized: asynchronous 16-byte copies. Otherwise element loads, synchronous. */
-template <typename T, int kChunk, bool kVectorized>
-__device__ void stage_chunk(const ChunkParams &p, int head, const ChunkSpan &span,
-                            uint32_t *tile) {
-  const T *src = static_cast<const T *>(p.v) + span.src_offset + head * p.stride_head;
-  const int vecs = p.head_dim / kVecElems;
-  const int total = kChunk * vecs;
-  if constexpr (kVectorized) {
-    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-      const int row = idx / vecs;
-      const int vec = idx - row * vecs;
-      const bool real = row < span.len;
-      const T *from = real ? src + row * p.stride_seq + vec * kVecElems : src;
-      const int word = (vec * kVecElems / 2) ^ swizzle<kChunk>(row);
-      copy_async_16(tile + row * p.row_words + word, from, real);
-    }
+/* x[i] for an index known only at run time, without local memory: a chain of selects. */
+__device__ __forceinline__ float pick(const float (&x)[kChannelsPerLane], int i) {
+  float value = x[0];
+#pragma unroll
+  for (int c = 1; c < kChannelsPerLane; ++c) value = i == c ? x[c] : value;
+  return value;
+}
+
+/* One channel's multiplier from its chunk amax; `writer` stores its scale (fp32 scale_inv or
+ * the E8M0 code) at scales[scale_index]. */
+template <ChunkRule kRule>
+__device__ float channel_multiplier(const ChunkParams &p, float amax, int64_t scale_index,
+                                    bool writer) {
+  if constexpr (kRule == ChunkRule::kCurrent) {
+    const float scale =
+        compute_scale_from_amax(amax, p.opts.use_power_2_scales, p.opts.amax_epsilon);
+    if (writer) static_cast<float *>(p.scales)[scale_index] = scale_inverse(scale);
+    return scale;
   } else {
-    for (int base = threadIdx.x; base < total; base += blockDim.x * kLoadsPerThread) {
-      uint4 raw[kLoadsPerThread];
-      int row[kLoadsPerThread];
-      int vec[kLoadsPerThread];
+    const uint8_t code = float_to_e8m0(amax);
+    if (writer) static_cast<uint8_t *>(p.scales)[scale_index] = code;
+    return e8m0_reciprocal(code);
+  }
+}
+
+/* Multipliers of the lane's 8 channels from their chunk amaxes (equal on the chunk's lanes). The
+ * chunk's G lanes share the work: lane g computes (and writes the scales of) channels
+ * g * 8 / G .. (g + 1) * 8 / G - 1, then each lane gathers all 8 by shuffles. */
+template <int kChunk, ChunkRule kRule>
+__device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane,
+                                  const float (&amax)[kChannelsPerLane],
+                                  float (&multiplier)[kChannelsPerLane]) {
+  constexpr int kGroups = kChunk / kTokensPerLane;
+  constexpr int kOwned = kChannelsPerLane / kGroups;  // channels whose scale this lane computes
+  const bool writer = lane.chunk < p.num_chunks;
+  const int64_t scale_row =  // [heads, num_chunks, head_dim] index of the lane's first channel
+      (static_cast<int64_t>(lane.head) * p.num_chunks + lane.chunk) * p.head_dim + lane.channel;
+  float owned[kOwned];
 #pragma unroll
-      for (int k = 0; k < kLoadsPerThread; ++k) {
-        const int idx = base + k * blockDim.x;
-        row[k] = idx / vecs;
-        vec[k] = idx - row[k] * vecs;
-        raw[k] = make_uint4(0u, 0u, 0u, 0u);
-        if (idx < total && row[k] < span.len) {
-          raw[k] = load_vec8<T, false>(src + row[k] * p.stride_seq + vec[k] * kVecElems);
-        }
-      }
+  for (int k = 0; k < kOwned; ++k) {
+    const int c = lane.group * kOwned + k;
+    owned[k] = channel_multiplier<kRule>(p, pick(amax, c), scale_row + c, writer);
+  }
 #pragma unroll
-      for (int k = 0; k < kLoadsPerThread; ++k) {
-        if (base + k * blockDim.x >= total) break;
-        const int word = (vec[k] * kVecElems / 2) ^ swizzle<kChunk>(row[k]);
-        *reinterpret_cast<uint4 *>(tile + row[k] * p.row_words + word) = raw[k];
-      }
+  for (int c = 0; c < kChannelsPerLane; ++c) {
+    if constexpr (kGroups == 1) {
+      multiplier[c] = owned[c];
+    } else {
+      multiplier[c] =
+          __shfl_sync(kFullWarp, owned[c % kOwned], lane.first_lane_of_chunk + c / kOwned);
     }
   }
 }
 
-/* 16 E4M3 bytes of one channel -> data_t: one 16-byte store when the chunk's column is 16-aligned
- * and all 16 tokens are real, byte stores of the real tokens otherwise. */
-__device__ void store_channel(const ChunkParams &p, int head, int channel, const ChunkSpan &span,
-                              int group, const uint32_t *bytes) {
-  const int valid = span.len - group * kTokensPerThread;
+/* The lane's 16 tokens of channel c times `multiplier` -> 16 E4M3 bytes in token order. */
+template <typename T>
+__device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], int c,
+                             float multiplier, uint32_t (&bytes)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = channel_value<T>(rows[4 * q + k], c);
+    bytes[q] = cast4_to_e4m3(x, multiplier);
+  }
+}
+
+/* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
+ * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. */
+__device__ void store_channel(const ChunkParams &p, int head, int channel, int64_t column,
+                              int valid, const uint32_t (&bytes)[4]) {
   if (valid <= 0) return;
-  uint8_t *dst = p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride +
-                 span.column + group * kTokensPerThread;
-  if (valid >= kTokensPerThread && span.column % 16 == 0) {
+  uint8_t *dst = p.data_t +
+                 (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
+  if (valid >= kTokensPerLane && column % 16 == 0) {
     *reinterpret_cast<uint4 *>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kTokensPerThread; ++j) {
+  for (int j = 0; j < kTokensPerLane; ++j) {
     if (j < valid) dst[j] = static_cast<uint8_t>(bytes[j / 4] >> (8 * (j % 4)));
   }
 }
 
-/* Scale multipliers of two channels from their amaxes; group 0 writes their scales. */
-template <ChunkRule kRule>
-__device__ float2 chunk_multipliers(const ChunkParams &p, float amax_lo, float amax_hi,
-                                    int64_t scale_index, bool writer) {
-  if constexpr (kRule == ChunkRule::kCurrent) {
-    const bool pow2 = p.opts.use_power_2_scales;
-    const float lo = compute_scale_from_amax(amax_lo, pow2, p.opts.amax_epsilon);
-    const float hi = compute_scale_from_amax(amax_hi, pow2, p.opts.amax_epsilon);
-    if (writer) {
-      *reinterpret_cast<float2 *>(static_cast<float *>(p.scales) + scale_index) =
-          make_float2(scale_inverse(lo), scale_inverse(hi));
-    }
-    return make_float2(lo, hi);
-  } else {
-    const uint8_t code_lo = float_to_e8m0(amax_lo);
-    const uint8_t code_hi = float_to_e8m0(amax_hi);
-    if (writer) {
-      *reinterpret_cast<uint16_t *>(static_cast<uint8_t *>(p.scales) + scale_index) =
-          static_cast<uint16_t>(code_lo | (code_hi << 8));
-    }
-    return make_float2(e8m0_reciprocal(code_lo), e8m0_reciprocal(code_hi));
-  }
-}
-
-/* Quantize one staged chunk. Thread (pair, group) reads the words `pair` (channels 2 pair and
- * 2 pair + 1) of tokens 16 group .. 16 group + 15 twice: once for the amax, once for the cast,
- * so that no 32 values stay live in registers. */
-template <typename T, int kChunk, ChunkRule kRule>
-__device__ void quantize_tile(const ChunkParams &p, int head, int chunk, const ChunkSpan &span,
-                              const uint32_t *tile) {
-  constexpr int kGroups = kChunk / kTokensPerThread;
-  const int pairs = p.head_dim / 2;
-  for (int item = threadIdx.x; item < pairs * kGroups; item += blockDim.x) {
-    const int group = item % kGroups;
-    const int pair = item / kGroups;
-    const uint32_t *column = tile + group * kTokensPerThread * p.row_words +
-                             (pair ^ swizzle<kChunk>(group * kTokensPerThread));
-    float amax_lo = 0.0f;
-    float amax_hi = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTokensPerThread; ++j) {
-      const float2 f = to_float2(column[j * p.row_words], T{});
-      amax_lo = fmaxf(amax_lo, fabsf(f.x));
-      amax_hi = fmaxf(amax_hi, fabsf(f.y));
-    }
-    // See Note [Mask-exact FP8 scaling]: amax over this chunk's tokens of one channel only.
-    amax_lo = group_max(amax_lo, kGroups);
-    amax_hi = group_max(amax_hi, kGroups);
-    const int64_t scale_index =
-        (static_cast<int64_t>(head) * p.num_chunks + chunk) * p.head_dim + 2 * pair;
-    const float2 mult = chunk_multipliers<kRule>(p, amax_lo, amax_hi, scale_index, group == 0);
-    uint32_t bytes_lo[4];
-    uint32_t bytes_hi[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      float lo[4];
-      float hi[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = to_float2(column[(4 * q + j) * p.row_words], T{});
-        lo[j] = f.x;
-        hi[j] = f.y;
-      }
-      bytes_lo[q] = cast4_to_e4m3(lo, mult.x);
-      bytes_hi[q] = cast4_to_e4m3(hi, mult.y);
-    }
-    store_channel(p, head, 2 * pair, span, group, bytes_lo);
-    store_channel(p, head, 2 * pair + 1, span, group, bytes_hi);
-  }
-}
-
-/* Columns of data_t that belong to no sequence (past the last token, up to the row stride). */
-__device__ void zero_unowned_columns(const ChunkParams &p) {
+/* The head's columns of data_t that belong to no sequence (past the last token, up to the row
+ * stride). */
+__device__ void zero_unowned_columns(const ChunkParams &p, int head) {
   const int64_t end = p.cu_seqlens != nullptr ? __ldg(p.cu_seqlens + p.num_seqs) : p.tokens;
   const int64_t width = p.data_t_stride - end;
-  const int64_t rows = static_cast<int64_t>(p.heads) * p.head_dim;
-  for (int64_t k = threadIdx.x; k < width * rows; k += blockDim.x) {
+  uint8_t *rows = p.data_t + static_cast<int64_t>(head) * p.head_dim * p.data_t_stride + end;
+  for (int64_t k = threadIdx.x; k < width * p.head_dim; k += blockDim.x) {
     const int64_t row = k / width;
-    p.data_t[row * p.data_t_stride + end + k - row * width] = 0;
+    rows[row * p.data_t_stride + k - row * width] = 0;
   }
 }
 
-template <typename T, int kChunk, bool kVectorized>
-__device__ void stage_item(const ChunkParams &p, int64_t item, uint32_t *tile) {
-  const int head = static_cast<int>(item / p.num_chunks);
-  const int chunk = static_cast<int>(item - static_cast<int64_t>(head) * p.num_chunks);
-  stage_chunk<T, kChunk, kVectorized>(p, head, locate_chunk<kChunk>(p, chunk), tile);
-}
-
-template <typename T, int kChunk, ChunkRule kRule>
-__device__ void quantize_item(const ChunkParams &p, int64_t item, const uint32_t *tile) {
-  const int head = static_cast<int>(item / p.num_chunks);
-  const int chunk = static_cast<int>(item - static_cast<int64_t>(head) * p.num_chunks);
-  quantize_tile<T, kChunk, kRule>(p, head, chunk, locate_chunk<kChunk>(p, chunk), tile);
-}
-
-/* Grid: `workers` resident blocks, each taking items blockIdx.x, + workers, + 2 workers, ...
- * (item = head * num_chunks + chunk), plus one block that zeroes the unowned columns. Two tiles:
- * the next item is staged while the current one is quantized. */
+/* Grid (1 + blocks per head, heads): block (0, head) zeroes the head's unowned columns; block
+ * (b > 0, head) holds the head's warp tiles 4 (b - 1) .. 4 b - 1. Whole warps leave together, so
+ * every lane of a working warp takes part in the shuffles. */
 template <typename T, int kChunk, ChunkRule kRule, bool kVectorized>
-__global__ void __launch_bounds__(kMaxThreads) chunk_cast_transposed_kernel(const ChunkParams p) {
-  extern __shared__ uint4 shared_vectors[];
-  uint32_t *tiles = reinterpret_cast<uint32_t *>(shared_vectors);  // [kStages, kChunk, row_words]
-  const int tile_words = kChunk * p.row_words;
-  if (static_cast<int>(blockIdx.x) == p.workers) {
-    zero_unowned_columns(p);
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    chunk_cast_transposed_kernel(const ChunkParams p) {
+  const int head = blockIdx.y;
+  if (blockIdx.x == 0) {
+    zero_unowned_columns(p, head);
     return;
   }
-  const int64_t items = static_cast<int64_t>(p.heads) * p.num_chunks;
-  int64_t item = blockIdx.x;
-  if (item < items) stage_item<T, kChunk, kVectorized>(p, item, tiles);
-  if constexpr (kVectorized) commit_copies();
-  for (int stage = 0; item < items; item += p.workers, stage ^= 1) {
-    const int64_t next = item + p.workers;
-    if (next < items) stage_item<T, kChunk, kVectorized>(p, next, tiles + (stage ^ 1) * tile_words);
-    if constexpr (kVectorized) {
-      commit_copies();  // the next tile's group (possibly empty)
-      wait_for_all_but_last_copies();  // so the current tile's group is complete
-    }
-    __syncthreads();  // the current tile is staged by every thread
-    quantize_item<T, kChunk, kRule>(p, item, tiles + stage * tile_words);
-    __syncthreads();  // the current tile is read before it is staged again
+  const int tile = (blockIdx.x - 1) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (tile >= p.tiles_per_head) return;
+  const LaneTile lane = locate_lane<kChunk>(p, head, tile);
+  const ChunkSpan span =
+      lane.chunk < p.num_chunks ? locate_chunk<kChunk>(p, lane.chunk) : ChunkSpan{0, 0, 0};
+  const int valid = span.len - lane.group * kTokensPerLane;  // the lane's real tokens (<= 0: none)
+  uint32_t rows[kTokensPerLane][kWordsPerRow];  // [token, channel pair] raw 16-bit pairs
+  load_lane_rows<T, kVectorized>(p, lane, span, valid, rows);
+  float amax[kChannelsPerLane];  // per channel: over the lane's tokens, then over the chunk's
+  lane_channel_amax<T>(rows, amax);
+#pragma unroll
+  for (int c = 0; c < kChannelsPerLane; ++c) {
+    // See Note [Mask-exact FP8 scaling]: amax over this chunk's tokens of one channel only.
+    amax[c] = group_max(amax[c], kChunk / kTokensPerLane);
   }
-}
-
-/* How many blocks of `kernel` the current device holds at once (SMs x blocks per SM), computed
- * once per (kernel, block size, shared memory, device): the launch path then makes no query. */
-cudaError_t resident_blocks(const void *kernel, int threads, size_t shared_bytes, int *out) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void *, int, size_t, int>, int> cache;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const auto key = std::make_tuple(kernel, threads, shared_bytes, device);
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto hit = cache.find(key);
-  if (hit != cache.end()) {
-    *out = hit->second;
-    return cudaSuccess;
+  float multiplier[kChannelsPerLane];
+  chunk_multipliers<kChunk, kRule>(p, lane, amax, multiplier);
+  const int64_t column = span.column + lane.group * kTokensPerLane;
+#pragma unroll
+  for (int c = 0; c < kChannelsPerLane; ++c) {
+    uint32_t bytes[4];
+    cast_channel<T>(rows, c, multiplier[c], bytes);
+    store_channel(p, lane.head, lane.channel + c, column, valid, bytes);
   }
-  int sms = 0;
-  int per_sm = 0;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
-  }
-  if (err != cudaSuccess) return err;
-  *out = cache[key] = sms * per_sm;
-  return cudaSuccess;
 }
 
 template <typename T, int kChunk, ChunkRule kRule>
 cudaError_t launch_typed(ChunkParams p, bool vectorized, cudaStream_t stream) {
-  const size_t shared_bytes = sizeof(uint32_t) * kStages * kChunk * p.row_words;
+  constexpr int kChunksPerSpan = kSpanTokens / kChunk;
+  p.num_spans = (p.num_chunks + kChunksPerSpan - 1) / kChunksPerSpan;
+  const int64_t tiles_per_head =
+      static_cast<int64_t>(p.num_spans) * (p.head_dim / kChannelsPerWarp);
+  if (tiles_per_head > kMaxTilesPerHead) return cudaErrorInvalidConfiguration;
+  p.tiles_per_head = static_cast<int>(tiles_per_head);
+  const dim3 grid(1 + (p.tiles_per_head + kWarpsPerBlock - 1) / kWarpsPerBlock, p.heads);
   auto kernel = vectorized ? chunk_cast_transposed_kernel<T, kChunk, kRule, true>
                            : chunk_cast_transposed_kernel<T, kChunk, kRule, false>;
-  cudaError_t err = cudaSuccess;
-  if (shared_bytes > kDefaultSharedBytes) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(shared_bytes));
-    if (err != cudaSuccess) return err;
-  }
-  // One thread per (channel pair, 16 tokens) in the column phase, whole warps.
-  const int columns = p.head_dim / 2 * (kChunk / kTokensPerThread);
-  const int threads = (std::clamp(columns, kMinThreads, kMaxThreads) + 31) / 32 * 32;
-  int resident = 0;
-  err = resident_blocks(reinterpret_cast<const void *>(kernel), threads, shared_bytes, &resident);
-  if (err != cudaSuccess) return err;
-  const int64_t items = static_cast<int64_t>(p.heads) * p.num_chunks;
-  p.workers = static_cast<int>(std::min<int64_t>(items, std::max(1, resident)));
-  kernel<<<p.workers + 1, threads, shared_bytes, stream>>>(p);
+  kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -380,8 +332,6 @@ cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8Token
                                          const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
                                          uint8_t *data_t, int64_t data_t_stride, void *scales,
                                          cudaStream_t stream) {
-  const int words = static_cast<int>(v.head_dim / 2);
-  const int multiple = kSharedWordsPerRowMultiple;
   const ChunkParams p{v.data,
                       v.stride_batch,
                       v.stride_seq,
@@ -389,18 +339,18 @@ cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8Token
                       static_cast<int>(v.seqlen),
                       static_cast<int>(v.heads),
                       static_cast<int>(v.head_dim),
-                      (words + multiple - 1) / multiple * multiple,
                       chunks.cu_seqlens,
                       chunks.cu_chunks,
                       static_cast<int>(chunks.num_seqs),
                       static_cast<int>(chunks.num_chunks),
                       static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk),
+                      0,
+                      0,
                       v.batch * v.seqlen,
                       data_t,
                       data_t_stride,
                       scales,
-                      opts,
-                      0};
+                      opts};
   if (rule == ChunkRule::kCurrent) {
     return launch_rule<ChunkRule::kCurrent>(v, chunks.chunk, p, stream);
   }
