@@ -1,0 +1,295 @@
+"""Mask-exact FP8 attention forward: the launcher of attention_kernel.attention_forward_kernel.
+
+    out, lse = exact_fp8_attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
+
+Q is quantized inside the kernel (per token for current scaling, per 32 channels for MXFP8); K and
+V are quantized here, once, into the token-major layouts the kernel reads (K8 [h_kv, t, d], V8^T
+[h_kv, d, t_pad] with per-(chunk, channel) scales). See Note [Mask-exact FP8 scaling] in
+formats.py for the rules and docs/attention_kernel.md for the design and the measurements.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from .attention_kernel import BLOCK_M_CHOICES, BLOCK_N, Q_TILE, attention_forward_kernel
+from .formats import MX_BLOCK, V_CHUNK_CURRENT
+from .kernel_masking import UNBOUNDED
+from . import quantize
+from .masks import check_mask_type
+
+__all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
+
+RECIPES = ("current", "mxfp8")
+HEAD_DIMS = (64, 128)
+QKV_FORMATS = ("bshd", "sbhd", "thd")
+_TOP_LEFT_MASKS = ("causal", "padding_causal")
+_ALIGN_TOKENS = 16  # sequence starts at multiples of this: 16-byte aligned FP8 V^T tile rows
+
+# (block_m, num_warps, num_stages, maxnreg) per (recipe, head dim): launch parameters only.
+# block_m (query rows per program, a divisor of Q_TILE) changes no FP8 decision (taken per
+# Q_TILE) and no output bit (tests/pytorch/attention/test_exact_fp8_attention.py checks).
+# Measured on the H200: benchmarks/results/attention_forward.md; design: docs/attention_kernel.md.
+_LAUNCH_CONFIG = {
+    ("current", 64): (64, 4, 3, None),
+    ("current", 128): (64, 4, 3, None),
+    ("mxfp8", 64): (64, 4, 3, None),
+    ("mxfp8", 128): (64, 4, 3, None),
+}
+
+
+@dataclass(frozen=True)
+class _Sequences:
+    """Where the sequences live along the flattened token axes of q and of k/v.
+
+    cu_* [num_seqs + 1] int32 on the device: cu_q/cu_kv give the real lengths, cu_*_start the
+    first token of each sequence (used by thd only; dense layouts have span_* tokens per sample).
+    span_*: tokens per sample (dense) or the largest sequence allocation (thd).
+    """
+
+    num_seqs: int
+    span_q: int
+    span_kv: int
+    cu_q: torch.Tensor
+    cu_q_start: torch.Tensor
+    cu_kv: torch.Tensor
+    cu_kv_start: torch.Tensor
+    varlen: bool
+    starts_aligned: bool  # every sequence starts at a multiple of _ALIGN_TOKENS tokens
+
+
+def exact_fp8_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str,
+    qkv_format: str = "bshd",
+    attn_mask_type: str = "causal",
+    window_size: Optional[Tuple[int, int]] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_kv: Optional[torch.Tensor] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    use_power_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+    fp8_v_everywhere: bool = False,
+    q_fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mask-exact FP8 attention forward. Returns (out, lse).
+
+    q [b, s_q, h, d] (bshd), [s_q, b, h, d] (sbhd) or [t_q, h, d] (thd); k, v likewise with h_kv
+    heads (h % h_kv == 0), bf16 or fp16, d in HEAD_DIMS. recipe: "current" (Float8CurrentScaling,
+    with use_power_2_scales and amax_epsilon) or "mxfp8" (MXFP8BlockScaling).
+    attn_mask_type / window_size: as masks.allowed_positions (TE's names; -1 = unbounded side).
+    cu_seqlens_q/kv [num_seqs + 1] int32: thd sequence lengths (required), or the real lengths of
+    bshd/sbhd samples under the padding mask types; cu_seqlens_*_padded: thd allocation.
+    max_seqlen_q: thd only, the largest allocated query sequence (computed from cu_seqlens_q
+    when absent, one host sync). max_seqlen_kv is accepted for TE's signature and not needed.
+
+    out: q's shape and dtype, contiguous; rows past a sequence's real length and rows that see
+    no key are 0. lse: [h, t_q] fp32, natural log of the softmax denominator of the scaled scores,
+    token-major over the flattened (b, s) query axis (thd: the packed axis); -inf where out is 0.
+
+    q_fp8: an already quantized Q, token-major (data [h, t_q, d] e4m3, scale_inv [h, t_q] fp32
+    for "current" or E8M0 codes [h, t_q, d // 32] uint8 for "mxfp8"); q then only gives the
+    shape, dtype and layout. Used where the in-kernel cast cannot run (Triton's interpreter).
+
+    fp8_v_everywhere=True is a LEAKY lower bound for benchmarks only: every KV tile uses FP8 V,
+    also the boundary tiles whose V chunks hold positions the mask hides, which breaks the
+    invariant of Note [Mask-exact FP8 scaling]. Never use it for results.
+    """
+    _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size)
+    if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
+        raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
+    seqs = _sequences(
+        q, k, qkv_format, attn_mask_type, cu_seqlens_q, cu_seqlens_kv,
+        cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
+    )  # fmt: skip
+    del max_seqlen_kv  # the kernel reads every kv length from cu_seqlens_kv
+    k_fp8 = _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon)
+    v_fp8 = _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    return _launch(
+        q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
+        softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere,
+    )  # fmt: skip
+
+
+def _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    if qkv_format not in QKV_FORMATS:
+        raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
+    check_mask_type(attn_mask_type, window_size)
+    ndim = 3 if qkv_format == "thd" else 4
+    if any(x.dim() != ndim for x in (q, k, v)):
+        raise ValueError(
+            f"{qkv_format} needs {ndim}-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}"
+        )
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v must all be bfloat16 or all float16, got {q.dtype, k.dtype, v.dtype}"
+        )
+    d = q.shape[-1]
+    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"head dims of q, k, v must be equal and in {HEAD_DIMS}, got {d}")
+    if k.shape != v.shape or q.shape[-2] % k.shape[-2]:
+        raise ValueError(f"k, v must match and h_kv must divide h: {q.shape}, {k.shape}, {v.shape}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("exact FP8 attention runs on CUDA tensors (or under TRITON_INTERPRET=1)")
+    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) < (8, 9):
+        raise ValueError("exact FP8 attention needs FP8 tensor cores (compute capability >= 8.9)")
+
+
+def _sequences(
+    q, k, qkv_format, attn_mask_type, cu_q, cu_kv, cu_q_padded, cu_kv_padded, max_seqlen_q
+) -> _Sequences:
+    device = q.device
+    if qkv_format == "thd":
+        if cu_q is None or cu_kv is None:
+            raise ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
+        cu_q, cu_kv = (_int32(x, device) for x in (cu_q, cu_kv))
+        start_q = cu_q if cu_q_padded is None else _int32(cu_q_padded, device)
+        start_kv = cu_kv if cu_kv_padded is None else _int32(cu_kv_padded, device)
+        if not cu_q.shape == cu_kv.shape == start_q.shape == start_kv.shape:
+            raise ValueError("cu_seqlens_q/kv (and their padded versions) must have equal lengths")
+        starts_q, starts_kv = start_q.tolist(), start_kv.tolist()
+        aligned = all(x % _ALIGN_TOKENS == 0 for x in starts_q + starts_kv)
+        if max_seqlen_q is None or cu_q_padded is not None:
+            max_seqlen_q = max((b - a for a, b in zip(starts_q, starts_q[1:])), default=0)
+        span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
+        return _Sequences(
+            cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True, aligned
+        )
+    b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
+    batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
+    if k.shape[b_dim] != batch:
+        raise ValueError(f"q and k hold different batch sizes: {q.shape}, {k.shape}")
+    padding = "padding" in attn_mask_type
+    cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
+    cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
+    aligned = s_q % _ALIGN_TOKENS == 0 and s_kv % _ALIGN_TOKENS == 0
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, aligned)
+
+
+def _int32(x, device) -> torch.Tensor:
+    return torch.as_tensor(x, device=device).to(torch.int32).contiguous()
+
+
+def _dense_lengths(cu, batch, seqlen, device) -> torch.Tensor:
+    """[batch + 1] int32 cumulative real lengths of bshd/sbhd samples (all seqlen if cu is None)."""
+    if cu is None:
+        return torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen
+    cu = _int32(cu, device)
+    if cu.shape != (batch + 1,):
+        raise ValueError(
+            f"cu_seqlens must have batch + 1 = {batch + 1} entries, got {tuple(cu.shape)}"
+        )
+    return cu
+
+
+def _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon):
+    """K8 [h_kv, t, d] e4m3 + scale_inv [h_kv, t] fp32 (current) or codes [h_kv, t, d // 32]."""
+    k = _d_contiguous(k)
+    if recipe == "mxfp8":
+        return quantize.per_block_cast_to_mxfp8_rowwise(k, qkv_format=qkv_format)
+    return quantize.per_token_cast_to_fp8(
+        k, qkv_format=qkv_format, use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon
+    )
+
+
+def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
+    """V8^T [h_kv, d, t_pad] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32.
+
+    Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
+    first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling].
+    """
+    v = _d_contiguous(v)
+    cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
+    if recipe == "mxfp8":
+        return quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
+            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens
+        )
+    return quantize.per_chunk_channel_cast_to_fp8_transposed(
+        v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, chunk=V_CHUNK_CURRENT,
+        use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
+    )  # fmt: skip
+
+
+def _layout_strides(x, qkv_format):
+    """(batch, token, head) strides of x in its qkv format (d must be contiguous)."""
+    if qkv_format == "bshd":
+        return x.stride(0), x.stride(1), x.stride(2)
+    if qkv_format == "sbhd":
+        return x.stride(1), x.stride(0), x.stride(2)
+    return 0, x.stride(0), x.stride(1)
+
+
+def _d_contiguous(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _query_operand(q, q_fp8, qkv_format, seqs, recipe):
+    """(Q pointer tensor, its (batch, token, head) strides, Q_SCALE tensor or None)."""
+    if q_fp8 is None:
+        q = _d_contiguous(q)
+        return q, _layout_strides(q, qkv_format), None
+    data, scale = (x.contiguous() for x in q_fp8)
+    h, t, d = data.shape
+    if data.dtype != torch.float8_e4m3fn or (h, d) != (q.shape[-2], q.shape[-1]):
+        raise ValueError(f"q_fp8 data must be e4m3 [h, t, d] matching q, got {data.shape}")
+    want = (h, t) if recipe == "current" else (h, t, d // MX_BLOCK)
+    if tuple(scale.shape) != want:
+        raise ValueError(f"q_fp8 scales must have shape {want} for {recipe}, got {scale.shape}")
+    stride_b = 0 if seqs.varlen else seqs.span_q * d
+    return data, (stride_b, d, t * d), scale
+
+
+def _launch(
+    q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
+    softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, launch_config=None,
+):  # fmt: skip
+    """Run the kernel; launch_config (as the values of _LAUNCH_CONFIG) overrides the table."""
+    num_heads, head_dim = q.shape[-2], q.shape[-1]
+    t_q = q.shape[0] if qkv_format == "thd" else q.shape[0] * q.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(num_heads, t_q, dtype=torch.float32, device=q.device)
+    if t_q == 0 or seqs.num_seqs == 0 or seqs.span_q == 0:
+        return out, lse.fill_(float("-inf"))
+    q_op, (sqb, sqs, sqh), q_scale = _query_operand(q, q_fp8, qkv_format, seqs, recipe)
+    k8, k_scale = k_fp8
+    v8t, v_scale, cu_chunks = v_fp8
+    v = _d_contiguous(v)
+    svb, svs, svh = _layout_strides(v, qkv_format)
+    sob, sos, soh = _layout_strides(out, qkv_format)
+    left, right = window_size if window_size is not None else (-1, -1)
+    if "causal" in attn_mask_type:
+        right = 0
+    block_m, num_warps, num_stages, maxnreg = launch_config or _LAUNCH_CONFIG[(recipe, head_dim)]
+    if block_m not in BLOCK_M_CHOICES:
+        raise ValueError(f"block_m must be one of {BLOCK_M_CHOICES}, got {block_m}")
+    grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, block_m))
+    attention_forward_kernel[grid](
+        q_op, q_scale if q_scale is not None else k_scale, k8, k_scale, v8t, v_scale, v, out, lse,
+        seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks,
+        sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
+        k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),
+        svb, svs, svh, sob, sos, soh, lse.stride(0),
+        num_heads, num_heads // k8.shape[0], seqs.span_q, seqs.span_kv,
+        UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right,
+        int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
+        softmax_scale * 1.4426950408889634, amax_epsilon,
+        HEAD_DIM=head_dim, RECIPE_MX=recipe == "mxfp8", QUANTIZE_Q=q_fp8 is None,
+        FP8_V_EVERYWHERE=fp8_v_everywhere, STARTS_ALIGNED=seqs.starts_aligned,
+        BM=block_m, BN=BLOCK_N, QT=Q_TILE,
+        num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
+    )  # fmt: skip
+    return out, lse

@@ -1,0 +1,348 @@
+"""Mask-exact FP8 attention forward, Triton kernel. The launcher is attention.py.
+
+One program computes BM query rows (BM in BLOCK_M_CHOICES, a divisor of Q_TILE = 128; a launch
+parameter like num_warps) of one (sequence, head):
+
+  t = (Q8 . K8^T) * k_scale[j]                 (column-scaled raw scores, fp32)
+  S = t * row_scale[i], row_scale = q_scale[i] * softmax_scale * log2(e)   (log2 units)
+  online softmax in fp32 with exp2; P = 2^(S - m + log2(P_SCALE)) = P_SCALE * softmax numerator
+
+over the KV tiles (BLOCK_N = KV_TILE = 64 positions) that kernel_masking.kv_tile_ranges returns:
+boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V;
+FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V, whose per-(chunk, channel)
+scale is applied to the product. The FP8/unquantized decision is taken per (Q_TILE, KV_TILE)
+pair, as masks.fp8_tile_map, whatever BM is. P_SCALE is folded into the exponent, so l and acc
+carry the same factor and it cancels in acc / l (only the LSE subtracts it); row_scale > 0 is
+folded into the exponent's FMA (max_j(t * r) = r * max_j(t) exactly, rounding is monotonic). See
+Note [Mask-exact FP8 scaling] in formats.py for why this keeps every output row independent of
+what its mask hides.
+
+Recipes (RECIPE_MX):
+  current  Q/K: one E4M3 scale per token (per_token_cast_to_fp8), V: per (64-token chunk, channel)
+  MXFP8    Q/K: E8M0 per 32 along d, V: E8M0 per (32-token chunk, channel). sm90 has no block-
+           scaled MMA, so the scales are applied explicitly and exactly: one FP8 sub-dot per
+           32-wide block of the contraction dim, times the fp32 power-of-two scales; row_scale is
+           softmax_scale * log2(e) alone.
+
+Layouts: Q, V and O are addressed through (batch, token, head) strides (d contiguous), so bshd,
+sbhd and thd need no copies; K8, V8^T, the scales and the LSE are token-major along the flattened
+(b, s) axis. Block sizes are constants, never tuned: the output does not depend on a tuning choice
+other than num_warps/num_stages, which change no decision.
+"""
+
+import math
+
+import triton
+import triton.language as tl
+
+from .formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE
+from .kernel_masking import kv_tile_ranges, sequence_geometry, visible
+from .kernel_scaling import (
+    e8m0_to_fp32,
+    per_block_cast_to_mxfp8,
+    per_token_cast_to_fp8,
+)
+
+__all__ = ["attention_forward_kernel", "BLOCK_M_CHOICES", "BLOCK_N", "Q_TILE"]
+
+# Runtime scalars that take many values (lengths, windows, flags): compiled once, not per value.
+_RUNTIME_SCALARS = [
+    "stride_qsh", "stride_ksh", "stride_lh", "num_heads", "kv_group", "dense_span_q",
+    "dense_span_kv", "window_left", "window_right", "varlen", "bottom_right", "power_2",
+]  # fmt: skip
+
+BLOCK_M_CHOICES = (64, 128)  # query rows per program: one or two warpgroups' MMA rows
+BLOCK_N = KV_TILE
+LOG2_P_SCALE = tl.constexpr(int(math.log2(P_SCALE)))
+MX_BLOCK_C = tl.constexpr(MX_BLOCK)
+LN2 = tl.constexpr(math.log(2.0))
+assert 2**LOG2_P_SCALE.value == P_SCALE and BLOCK_N == 2 * MX_BLOCK
+assert all(Q_TILE % block_m == 0 for block_m in BLOCK_M_CHOICES)
+
+
+@triton.jit
+def _query_tile_current(
+    Q, q_off, Q_SCALE, qs_off, rows_in, offs_d, scores_scale, amax_epsilon, power_2,
+    QUANTIZE_Q: tl.constexpr,
+):  # fmt: skip
+    """(q8 [BM, D] e4m3, row scale [BM] fp32 = q_scale_inv * softmax_scale * log2(e))."""
+    ptrs = Q + q_off[:, None] + offs_d[None, :]
+    if QUANTIZE_Q:
+        x = tl.load(ptrs, mask=rows_in[:, None], other=0.0).to(tl.float32)
+        q8, q_scale_inv = per_token_cast_to_fp8(x, amax_epsilon, power_2)
+    else:
+        q8 = tl.load(ptrs, mask=rows_in[:, None], other=0.0)
+        q_scale_inv = tl.load(Q_SCALE + qs_off, mask=rows_in, other=1.0)
+    return q8, q_scale_inv * scores_scale
+
+
+@triton.jit
+def _query_tile_mx(
+    Q, q_off, Q_SCALE, qs_off, rows_in, HEAD_DIM: tl.constexpr, QUANTIZE_Q: tl.constexpr
+):
+    """Tuples over the d // 32 MX blocks: (q8 [BM, 32] e4m3, scale [BM] fp32 = 2^(code - 127))."""
+    offs_c = tl.arange(0, MX_BLOCK_C)
+    q8 = ()
+    q_scale = ()
+    for g in tl.static_range(HEAD_DIM // MX_BLOCK_C):
+        ptrs = Q + q_off[:, None] + g * MX_BLOCK_C + offs_c[None, :]
+        if QUANTIZE_Q:
+            x = tl.load(ptrs, mask=rows_in[:, None], other=0.0).to(tl.float32)
+            data, code = per_block_cast_to_mxfp8(x)
+        else:
+            data = tl.load(ptrs, mask=rows_in[:, None], other=0.0)
+            code = tl.load(Q_SCALE + qs_off + g, mask=rows_in, other=127)
+        q8 = q8 + (data,)
+        q_scale = q_scale + (e8m0_to_fp32(code),)
+    return q8, q_scale
+
+
+@triton.jit
+def _scores(
+    q8, q_scale, k_tile, ks_tile, col0, len_kv,
+    HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """[BM, BN] fp32 column-scaled scores t of one KV tile (S = t * row_scale).
+
+    k_tile: the tile's first key row of K8 ([t, d] slice of the head); ks_tile: its scale
+    ([t] fp32 scale_inv, or [t, d // 32] E8M0 codes for MXFP8). q_scale: the MX blocks' scales
+    (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys past the
+    sequence's real length (col0 + j >= len_kv) load as 0; the mask drops them anyway.
+    """
+    offs_n = tl.arange(0, BN)
+    cols_ok = col0 + offs_n < len_kv
+    if RECIPE_MX:
+        n_blocks: tl.constexpr = HEAD_DIM // MX_BLOCK_C
+        offs_c = tl.arange(0, MX_BLOCK_C)
+        s = tl.zeros([q8[0].shape[0], BN], tl.float32)
+        for g in tl.static_range(n_blocks):
+            k_ptrs = k_tile + offs_n[None, :] * HEAD_DIM + g * MX_BLOCK_C + offs_c[:, None]
+            code_ptrs = ks_tile + offs_n * n_blocks + g
+            if MASKED:
+                k_t = tl.load(k_ptrs, mask=cols_ok[None, :], other=0.0)  # [32, BN]
+                code = tl.load(code_ptrs, mask=cols_ok, other=127)  # [BN]
+            else:
+                k_t = tl.load(k_ptrs)
+                code = tl.load(code_ptrs)
+            s += tl.dot(q8[g], k_t) * (q_scale[g][:, None] * e8m0_to_fp32(code)[None, :])
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        k_ptrs = k_tile + offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # [D, BN], d contiguous
+        if MASKED:
+            k_t = tl.load(k_ptrs, mask=cols_ok[None, :], other=0.0)
+            k_scale_inv = tl.load(ks_tile + offs_n, mask=cols_ok, other=0.0)  # [BN]
+        else:
+            k_t = tl.load(k_ptrs)
+            k_scale_inv = tl.load(ks_tile + offs_n)
+        s = tl.dot(q8, k_t) * k_scale_inv[None, :]
+    return s
+
+
+@triton.jit
+def _pv_fp8(
+    acc, p, vt_tile, vs_tile, col0, len_kv, stride_vtd,
+    HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """acc + P8 . V8 with each V chunk's per-channel scale applied to its product. [BM, D] fp32.
+
+    vt_tile: the tile's first token in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
+    operand of the FP8 MMA); vs_tile: the tile's first chunk in V_SCALE [n_chunks, d]. Only the
+    leaky fp8_v_everywhere mode runs this on masked tiles (MASKED: keys past len_kv load as 0).
+    """
+    # See Note [Mask-exact FP8 scaling]: P's scale is the fixed P_SCALE, folded into p already.
+    p8 = p.to(tl.float8e4nv)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if RECIPE_MX:
+        block_m: tl.constexpr = p.shape[0]
+        p_blocks = tl.split(tl.permute(tl.reshape(p8, (block_m, 2, MX_BLOCK_C)), (0, 2, 1)))
+        offs_c = tl.arange(0, MX_BLOCK_C)
+        for half in tl.static_range(2):
+            cols = half * MX_BLOCK_C + offs_c
+            vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + cols[None, :]  # [D, 32]
+            code_ptrs = vs_tile + half * HEAD_DIM + offs_d  # [D]
+            if MASKED:
+                v_t = tl.load(vt_ptrs, mask=col0 + cols[None, :] < len_kv, other=0.0)
+                code = tl.load(code_ptrs, mask=col0 + half * MX_BLOCK_C < len_kv, other=127)
+            else:
+                v_t = tl.load(vt_ptrs)
+                code = tl.load(code_ptrs)
+            acc += tl.dot(p_blocks[half], tl.trans(v_t)) * e8m0_to_fp32(code)[None, :]
+    else:
+        offs_n = tl.arange(0, BN)
+        vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
+        if MASKED:
+            v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
+        else:
+            v_t = tl.load(vt_ptrs)
+        v_scale_inv = tl.load(vs_tile + offs_d)  # [D]
+        acc += tl.dot(p8, tl.trans(v_t)) * v_scale_inv[None, :]
+    return acc
+
+
+@triton.jit
+def _pv_unquantized(
+    acc, p, v_tile, stride_vs, col0, len_kv, HEAD_DIM: tl.constexpr, BN: tl.constexpr
+):
+    """acc + P . V with P in V's dtype (bf16/fp16) and the tile's unquantized V [BN, D].
+
+    v_tile: the tile's first key in V's own layout. Keys past len_kv load as 0.
+    """
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, HEAD_DIM)
+    v_ptrs = v_tile + offs_n[:, None] * stride_vs + offs_d[None, :]
+    v = tl.load(v_ptrs, mask=col0 + offs_n[:, None] < len_kv, other=0.0)
+    return tl.dot(p.to(v_tile.dtype.element_ty), v, acc)
+
+
+@triton.jit
+def _attend_tiles(
+    acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end,
+    k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
+    len_kv, diag, left, right,
+    HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
+    V_FP8: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over the KV tiles [kv_first, kv_end) of one sequence -> (acc, l_i, m_i).
+
+    *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
+    in V's layout; tok_kv (int64): its token-major index; chunk_kv: its first V chunk.
+    row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
+    """
+    scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
+    chunks_per_tile: tl.constexpr = 2 if RECIPE_MX else 1
+    for kt in range(kv_first, kv_end):
+        col0 = kt * BN
+        tok = tok_kv + col0
+        t = _scores(
+            q8, q_scale, k8_head + tok * HEAD_DIM, ks_head + tok * scale_cols, col0, len_kv,
+            HEAD_DIM, BN, RECIPE_MX, MASKED,
+        )  # fmt: skip
+        if MASKED:
+            cols = col0 + tl.arange(0, BN)
+            t = tl.where(visible(rows, cols, len_kv, diag, left, right), t, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(t, 1) * row_scale)
+        if MASKED:  # rows that have seen nothing yet keep m = -inf: exponentiate against 0
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        # P_SCALE * softmax numerator; one FMA per score
+        p = tl.math.exp2(t * row_scale[:, None] - (m_ref - LOG2_P_SCALE)[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if V_FP8:
+            vs_tile = vs_head + (chunk_kv + kt * chunks_per_tile).to(tl.int64) * HEAD_DIM
+            acc = _pv_fp8(
+                acc, p, vt_head + tok, vs_tile, col0, len_kv, stride_vtd,
+                HEAD_DIM, BN, RECIPE_MX, MASKED,
+            )  # fmt: skip
+        else:
+            v_tile = v_seq + col0.to(tl.int64) * stride_vs
+            acc = _pv_unquantized(acc, p, v_tile, stride_vs, col0, len_kv, HEAD_DIM, BN)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SCALARS)
+def attention_forward_kernel(
+    Q, Q_SCALE, K8, K_SCALE, V8T, V_SCALE, V, O, LSE,
+    CU_Q, CU_Q_START, CU_KV, CU_KV_START, CU_CHUNKS,
+    stride_qb, stride_qs, stride_qh, stride_qsh,
+    stride_kh, stride_ksh, stride_vth, stride_vtd, stride_vsh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lh,
+    num_heads, kv_group, dense_span_q, dense_span_kv, window_left, window_right,
+    varlen, bottom_right, power_2, scores_scale, amax_epsilon,
+    HEAD_DIM: tl.constexpr, RECIPE_MX: tl.constexpr, QUANTIZE_Q: tl.constexpr,
+    FP8_V_EVERYWHERE: tl.constexpr, STARTS_ALIGNED: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, QT: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_seqs * num_heads, query blocks of BM rows), the heaviest (last) blocks first.
+
+    Q: [.., d] in its layout (strides b/s/h), or pre-quantized token-major [h, t, d] e4m3
+    (QUANTIZE_Q False) with Q_SCALE [h, t] fp32 scale_inv ([h, t, d // 32] E8M0 for MXFP8).
+    K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] E8M0).
+    V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (E8M0 for MXFP8).
+    V: unquantized, in its layout. O: Q's shape and layout. LSE [h, t_q] fp32, natural log.
+    CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence. scores_scale:
+    softmax_scale * log2(e). window_*: TE's window_size sides, kernel_masking.UNBOUNDED for -1.
+    varlen, bottom_right, power_2: 0/1 flags (thd, diagonal from the real lengths' difference,
+    power-of-two Q scales). STARTS_ALIGNED: all sequence starts are multiples of 16 tokens.
+    """
+    pid = tl.program_id(0)
+    seq = pid // num_heads
+    head = pid % num_heads
+    kv_head = head // kv_group
+    q_lo = (tl.num_programs(1) - 1 - tl.program_id(1)) * BM
+    start_q, len_q, span_q, start_kv, len_kv, span_kv = sequence_geometry(
+        seq, CU_Q, CU_Q_START, CU_KV, CU_KV_START, dense_span_q, dense_span_kv, varlen
+    )
+    if q_lo >= span_q:
+        return
+    diag = tl.where(bottom_right != 0, len_kv - len_q, 0)
+
+    rows = q_lo + tl.arange(0, BM)
+    rows_in = rows < span_q
+    tok_q0 = start_q.to(tl.int64)  # token-major index of the sequence's first query / key
+    tok_kv = start_kv.to(tl.int64)
+    if STARTS_ALIGNED:  # every sequence starts at a multiple of 16 tokens: 16-byte V8^T rows
+        tok_q0 = tl.multiple_of(tok_q0, 16)
+        tok_kv = tl.multiple_of(tok_kv, 16)
+    tok_q = tok_q0 + rows  # token-major index of each row
+    # Q, V, O in their layouts: sample offset (dense; stride_*b is 0 for thd) + token offset.
+    row_q = tl.where(varlen != 0, tok_q, rows.to(tl.int64))
+    q_off = seq.to(tl.int64) * stride_qb + row_q * stride_qs + head * stride_qh
+    o_off = seq.to(tl.int64) * stride_ob + row_q * stride_os + head * stride_oh
+    first_kv = tl.where(varlen != 0, tok_kv, 0)
+    v_seq = V + seq.to(tl.int64) * stride_vb + first_kv * stride_vs + kv_head * stride_vh
+    scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
+    qs_off = head.to(tl.int64) * stride_qsh + tok_q * scale_cols  # pre-quantized Q's scales
+    if RECIPE_MX:
+        q8, q_scale = _query_tile_mx(Q, q_off, Q_SCALE, qs_off, rows_in, HEAD_DIM, QUANTIZE_Q)
+        row_scale = tl.full([BM], scores_scale, tl.float32)
+    else:
+        q8, row_scale = _query_tile_current(
+            Q, q_off, Q_SCALE, qs_off, rows_in, tl.arange(0, HEAD_DIM), scores_scale,
+            amax_epsilon, power_2, QUANTIZE_Q,
+        )  # fmt: skip
+        q_scale = row_scale  # in row_scale already
+
+    kv_lo, fp8_lo, fp8_hi, kv_hi = kv_tile_ranges(
+        q_lo, len_q, len_kv, diag, window_left, window_right, BM, QT, BN
+    )
+    k8_head = K8 + kv_head.to(tl.int64) * stride_kh
+    ks_head = K_SCALE + kv_head.to(tl.int64) * stride_ksh
+    vt_head = V8T + kv_head.to(tl.int64) * stride_vth
+    vs_head = V_SCALE + kv_head.to(tl.int64) * stride_vsh
+    chunk_kv = tl.load(CU_CHUNKS + seq)
+    acc = tl.zeros([BM, HEAD_DIM], tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    # Left boundary (sliding window), FP8 tiles, right boundary (diagonal / sequence end).
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo,
+        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
+        len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi,
+        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
+        len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, False, True,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi,
+        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
+        len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE,
+    )  # fmt: skip
+
+    # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
+    seen = (rows < len_q) & (l_i > 0.0)
+    out = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])  # correctly rounded
+    out = tl.where(seen[:, None], out, 0.0)
+    lse = tl.where(seen, (m_i + tl.math.log2(l_i) - LOG2_P_SCALE) * LN2, float("-inf"))
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptrs = O + o_off[:, None] + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rows_in[:, None])
+    tl.store(LSE + head.to(tl.int64) * stride_lh + tok_q, lse, mask=rows_in)

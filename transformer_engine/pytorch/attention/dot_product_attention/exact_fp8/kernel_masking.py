@@ -1,0 +1,85 @@
+"""In-kernel mask geometry of mask-exact FP8 attention (Triton JIT helpers), mirroring masks.py.
+
+For one block of query rows (BLOCK_M rows of one sequence, inside one Q_TILE) the KV tiles
+(KV_TILE positions) fall into three contiguous ranges, computed from scalars only (no data):
+
+    [kv_lo, fp8_lo)   boundary tiles: element-wise mask, unquantized V
+    [fp8_lo, fp8_hi)  FP8 tiles: complete, and every real row of the Q_TILE sees all of it
+    [fp8_hi, kv_hi)   boundary tiles: element-wise mask, unquantized V
+
+Tiles outside [kv_lo, kv_hi) are hidden from every row of the block and are skipped. The FP8
+range is exactly the True entries of masks.fp8_tile_map for the enclosing Q_TILE (see
+Note [Mask-exact FP8 scaling] in formats.py): because a row's visible window [i + diag - left,
+i + diag + right] moves right with i, a tile is visible to all real rows iff it is visible to the
+first row on its right edge and to the last real row on its left edge.
+
+Window sides are passed as ints with UNBOUNDED for "no bound" (TE's -1), so no branch is needed.
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = ["UNBOUNDED", "sequence_geometry", "kv_tile_ranges", "visible"]
+
+UNBOUNDED = 1 << 30
+"""A window side with no bound. Row/column indices plus or minus it stay inside int32."""
+
+
+@triton.jit
+def sequence_geometry(
+    seq, CU_Q, CU_Q_START, CU_KV, CU_KV_START, dense_span_q, dense_span_kv, varlen
+):
+    """(start, len, span) along the flattened token axis for the queries and keys of `seq`.
+
+    CU_* [num_seqs + 1] int32: CU_Q/CU_KV give the real lengths, CU_*_START the first token of
+    each sequence (thd: cu_seqlens_*_padded, or cu_seqlens_* when unpadded). Dense layouts
+    (varlen 0) allocate dense_span_* tokens per sample.
+    """
+    len_q = tl.load(CU_Q + seq + 1) - tl.load(CU_Q + seq)
+    len_kv = tl.load(CU_KV + seq + 1) - tl.load(CU_KV + seq)
+    if varlen:
+        start_q = tl.load(CU_Q_START + seq)
+        span_q = tl.load(CU_Q_START + seq + 1) - start_q
+        start_kv = tl.load(CU_KV_START + seq)
+        span_kv = tl.load(CU_KV_START + seq + 1) - start_kv
+    else:
+        start_q = seq * dense_span_q
+        span_q = dense_span_q
+        start_kv = seq * dense_span_kv
+        span_kv = dense_span_kv
+    return start_q, len_q, span_q, start_kv, len_kv, span_kv
+
+
+@triton.jit
+def kv_tile_ranges(
+    q_lo, len_q, len_kv, diag, left, right,
+    BLOCK_M: tl.constexpr, Q_TILE: tl.constexpr, KV_TILE: tl.constexpr,
+):  # fmt: skip
+    """(kv_lo, fp8_lo, fp8_hi, kv_hi) KV tile indices for the BLOCK_M query rows from q_lo.
+
+    Row i sees position j iff j < len_kv and i + diag - left <= j <= i + diag + right, for real
+    rows i < len_q. [kv_lo, kv_hi): the tiles some real row of the block sees (empty when none
+    does). [fp8_lo, fp8_hi): the FP8 tiles, decided for the whole enclosing Q_TILE (BLOCK_M
+    divides Q_TILE), so that the decision does not depend on the kernel's block size.
+    """
+    q_last = tl.minimum(q_lo + BLOCK_M, len_q) - 1  # last real row (< q_lo: no real row)
+    col_lo = tl.maximum(q_lo + diag - left, 0)
+    col_hi = tl.minimum(q_last + diag + right + 1, len_kv)
+    kv_lo = col_lo // KV_TILE
+    kv_hi = tl.where((q_last >= q_lo) & (col_hi > col_lo), tl.cdiv(col_hi, KV_TILE), kv_lo)
+    # See Note [Mask-exact FP8 scaling]: complete tiles that every real row of the query tile
+    # sees entirely. They lie inside [kv_lo, kv_hi) whenever the block has a real row.
+    tile_lo = q_lo // Q_TILE * Q_TILE
+    tile_last = tl.minimum(tile_lo + Q_TILE, len_q) - 1
+    fp8_lo = tl.cdiv(tl.maximum(tile_last + diag - left, 0), KV_TILE)
+    fp8_hi = tl.minimum(len_kv // KV_TILE, tl.maximum(tile_lo + diag + right + 1, 0) // KV_TILE)
+    fp8_lo = tl.minimum(tl.maximum(fp8_lo, kv_lo), kv_hi)
+    fp8_hi = tl.minimum(tl.maximum(fp8_hi, fp8_lo), kv_hi)
+    return kv_lo, fp8_lo, fp8_hi, kv_hi
+
+
+@triton.jit
+def visible(rows, cols, len_kv, diag, left, right):
+    """[rows, cols] bool: may row i see position j (masks.allowed_positions for real rows)."""
+    rel = cols[None, :] - rows[:, None] - diag
+    return (cols[None, :] < len_kv) & (rel <= right) & (rel >= -left)
