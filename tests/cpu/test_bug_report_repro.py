@@ -1,7 +1,6 @@
 """The upstream bug report's repro (DESIGN.md section 7), bit for bit, through the reference rules."""
 
 import pytest
-import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
     PATHS,

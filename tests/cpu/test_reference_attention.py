@@ -12,7 +12,6 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
-    cosine_similarity,
     rel_frobenius_error,
 )
 

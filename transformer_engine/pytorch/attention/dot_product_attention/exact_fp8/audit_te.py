@@ -274,6 +274,8 @@ def _selected_backend() -> str:
 
 
 def _to_cuda(value):
+    if isinstance(value, dict):
+        return {key: _to_cuda(val) for key, val in value.items()}
     if isinstance(value, tuple):
         return tuple(_to_cuda(x) for x in value)
     return value.cuda() if torch.is_tensor(value) else value

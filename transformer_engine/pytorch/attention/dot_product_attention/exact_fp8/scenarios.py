@@ -6,7 +6,7 @@ sbhd [S=128, b=1, h=1, d=128], q = k = ones, causal, rows 0..7 compared.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 
