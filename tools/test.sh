@@ -20,4 +20,5 @@ else
 fi
 
 echo "== pytest"
-"$PY" -m pytest -q -p no:cacheprovider tests "$@"
+# The folders are named: pytest does not recurse into folders called build by default.
+"$PY" -m pytest -q -p no:cacheprovider tests/cpu tests/build tests/pytorch "$@"
