@@ -31,6 +31,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.backen
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
     SeqLayout,
     allowed_positions,
+    sequence_masks,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (
     dequantize,
@@ -481,17 +482,9 @@ def _reference_grads(q, k, v, d_out, call):
     q_t, k_t, v_t = (to_tokens(x, call.qkv_format) for x in leaves)
     layout_q, layout_kv = _layouts(q, k, call)
     out = torch.zeros_like(q_t)
-    for n in range(layout_q.num_seqs):
-        rows = slice(layout_q.starts[n], layout_q.starts[n] + layout_q.spans[n])
-        cols = slice(layout_kv.starts[n], layout_kv.starts[n] + layout_kv.spans[n])
-        allowed = allowed_positions(
-            call.attn_mask_type,
-            call.window_size,
-            layout_q.lens[n],
-            layout_kv.lens[n],
-            layout_q.spans[n],
-            layout_kv.spans[n],
-        )
+    for _, rows, cols, allowed in sequence_masks(
+        layout_q, layout_kv, call.attn_mask_type, call.window_size
+    ):
         qh, kh, vh = (x.transpose(0, 1) for x in (q_t[rows], k_t[cols], v_t[cols]))
         rep = qh.shape[0] // kh.shape[0]
         kh, vh = kh.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)

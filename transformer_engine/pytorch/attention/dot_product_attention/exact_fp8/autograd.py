@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .masks import SeqLayout, allowed_positions
+from .masks import SeqLayout, sequence_masks
 from .reference_attention import to_tokens
 
 __all__ = [
@@ -249,17 +249,8 @@ def _unquantized_attention(q_t, k_t, v_t, layout_q, layout_kv, call: AttentionCa
     visible = torch.zeros(q_t.shape[0], dtype=torch.bool, device=q_t.device)
     math_only = sdpa_kernel(SDPBackend.MATH) if call.deterministic else contextlib.nullcontext()
     with math_only:
-        for n in range(layout_q.num_seqs):
-            rows = slice(layout_q.starts[n], layout_q.starts[n] + layout_q.spans[n])
-            cols = slice(layout_kv.starts[n], layout_kv.starts[n] + layout_kv.spans[n])
-            allowed = allowed_positions(
-                call.attn_mask_type,
-                call.window_size,
-                layout_q.lens[n],
-                layout_kv.lens[n],
-                layout_q.spans[n],
-                layout_kv.spans[n],
-            )
+        masks = sequence_masks(layout_q, layout_kv, call.attn_mask_type, call.window_size)
+        for _, rows, cols, allowed in masks:
             seen = allowed.any(dim=-1)
             if not bool(seen.any()):
                 continue

@@ -9,7 +9,7 @@ Causal types force right = 0.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,6 +22,7 @@ __all__ = [
     "allowed_positions",
     "fp8_tile_map",
     "check_mask_type",
+    "sequence_masks",
 ]
 
 MASK_TYPES = (
@@ -149,3 +150,25 @@ def fp8_tile_map(allowed: torch.Tensor, len_q: int) -> torch.Tensor:
         for kt in range(span_kv // KV_TILE):  # complete KV tiles only
             out[qt, kt] = bool(rows[:, kt * KV_TILE : (kt + 1) * KV_TILE].all())
     return out
+
+
+def sequence_masks(
+    layout_q: SeqLayout,
+    layout_kv: SeqLayout,
+    mask_type: str,
+    window_size: Optional[Tuple[int, int]],
+) -> Iterator[Tuple[int, slice, slice, torch.Tensor]]:
+    """Per sequence n: (n, its query rows, its key columns along the flattened token axes,
+    allowed_positions over their spans [span_q, span_kv] bool)."""
+    for n in range(layout_q.num_seqs):
+        rows = slice(layout_q.starts[n], layout_q.starts[n] + layout_q.spans[n])
+        cols = slice(layout_kv.starts[n], layout_kv.starts[n] + layout_kv.spans[n])
+        allowed = allowed_positions(
+            mask_type,
+            window_size,
+            layout_q.lens[n],
+            layout_kv.lens[n],
+            layout_q.spans[n],
+            layout_kv.spans[n],
+        )
+        yield n, rows, cols, allowed

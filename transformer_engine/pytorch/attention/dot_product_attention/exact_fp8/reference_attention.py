@@ -28,7 +28,7 @@ from .formats import (
     cast_to_e4m3,
     e8m0_to_float,
 )
-from .masks import SeqLayout, allowed_positions, check_mask_type, fp8_tile_map
+from .masks import SeqLayout, check_mask_type, fp8_tile_map, sequence_masks
 from .quantize_reference import (
     dequantize,
     dequantize_mxfp8_rowwise,
@@ -194,15 +194,9 @@ def reference_attention(
     out = torch.zeros(qt.shape[:-1] + (v.shape[-1],), dtype=compute_dtype)
     lse = torch.full((q.shape[-2], qt.shape[0]), float("-inf"), dtype=compute_dtype)
     result = ReferenceResult(out=out, lse=lse)
-    for n in range(layout_q.num_seqs):
-        sq, skv = layout_q.starts[n], layout_kv.starts[n]
-        span_q, span_kv = layout_q.spans[n], layout_kv.spans[n]
-        len_q, len_kv = layout_q.lens[n], layout_kv.lens[n]
-        allowed = allowed_positions(attn_mask_type, window_size, len_q, len_kv, span_q, span_kv)
-        tiles = fp8_tile_map(allowed, len_q) if exact else None
+    for n, rows, cols, allowed in sequence_masks(layout_q, layout_kv, attn_mask_type, window_size):
+        tiles = fp8_tile_map(allowed, layout_q.lens[n]) if exact else None
         result.fp8_tiles.append(tiles)
-        rows = slice(sq, sq + span_q)
-        cols = slice(skv, skv + span_kv)
         o, l = _attend_sequence(
             q_deq[rows],
             k_deq[cols],
