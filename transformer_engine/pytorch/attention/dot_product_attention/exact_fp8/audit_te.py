@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .te_recipe import MASK_EXACT_FIELD, attention_fp8_autocast_recipe
+from .te_recipe import MASK_EXACT_FIELD, MXFP8_NATIVE_CAPABILITY, attention_fp8_autocast_recipe
 
 __all__ = [
     "TE_PATHS",
@@ -59,7 +59,6 @@ TE_PATHS = (
 )
 EMULATE_ENV = "NVTE_UnfusedDPA_Emulate_FP8"
 DETERMINISM_ENV = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
-MXFP8_MIN_CAPABILITY = (10, 0)
 _SCENARIO_KWARGS = {
     "qkv_format",
     "attn_mask_type",
@@ -103,7 +102,7 @@ def plan_te_path(path: str, capability: Tuple[int, int], has_mask_exact_field: b
             f"this transformer_engine has no {recipe}.{MASK_EXACT_FIELD}: it is upstream TE,"
             " not the fork"
         )
-    elif path == "upstream-mxfp8" and tuple(capability) < MXFP8_MIN_CAPABILITY:
+    elif path == "upstream-mxfp8" and tuple(capability) < MXFP8_NATIVE_CAPABILITY:
         reason = (
             "upstream MXFP8 attention needs compute capability >= 10.0,"
             f" this GPU is sm{capability[0]}{capability[1]}"

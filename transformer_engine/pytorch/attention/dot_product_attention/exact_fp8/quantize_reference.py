@@ -4,7 +4,9 @@ These functions are the oracle of the CUDA quantization kernels (bitwise) and th
 Tensors are token-major: x[..., d] for per-token rules, v[t, h, d] (the flattened token axis of
 bshd/sbhd/thd, see masks.SeqLayout) for the rules that reduce over tokens. Every function that
 chooses a scale follows Note [Mask-exact FP8 scaling] in formats.py (the upstream_* ones are the
-counter-examples that break it).
+counter-examples that break it). Upstream's MXFP8 quantization is the fork's own
+(per_block_cast_to_mxfp8_rowwise for Q/K, per_chunk_cast_to_mxfp8_columnwise for V): upstream
+leaks only because its attention uses the FP8 V of blocks that straddle the mask boundary.
 """
 
 from typing import List, Tuple
@@ -29,7 +31,6 @@ __all__ = [
     "per_block_cast_to_mxfp8_rowwise",
     "per_chunk_cast_to_mxfp8_columnwise",
     "upstream_current_cast_to_fp8",
-    "upstream_mxfp8_cast",
     "dequantize",
     "expand_chunk_scales",
     "dequantize_mxfp8_rowwise",
@@ -166,15 +167,3 @@ def upstream_current_cast_to_fp8(
     )
     data = [cast_to_e4m3(x.float() * scale) for x in (q, k, v)]
     return data[0], data[1], data[2], 1.0 / scale
-
-
-def upstream_mxfp8_cast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout_kv: SeqLayout):
-    """Upstream TE 2.20.2's MXFP8 rule: Q, K rowwise; V columnwise, 32 tokens per scale.
-
-    The quantization itself is the fork's MXFP8 quantization; upstream leaks because its attention
-    then uses the FP8 V of every block, including blocks that straddle the mask boundary.
-    """
-    qd, qs = per_block_cast_to_mxfp8_rowwise(q)
-    kd, ks = per_block_cast_to_mxfp8_rowwise(k)
-    vd, vs, cu = per_chunk_cast_to_mxfp8_columnwise(v, layout_kv)
-    return (qd, qs), (kd, ks), (vd, vs, cu)

@@ -24,6 +24,7 @@ __all__ = [
     "qkv_recipe",
     "mask_exact_recipe",
     "dpa_runs_mask_exact",
+    "MXFP8_NATIVE_CAPABILITY",
     "attention_fp8_autocast_recipe",
 ]
 
