@@ -47,6 +47,10 @@ else:
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
         exact_fp8_attention_forward,
     )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
+        KV_TILE,
+        Q_TILE,
+    )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
         MASK_TYPES,
         allowed_positions,
@@ -139,7 +143,7 @@ else:
         offs = tl.arange(0, N)
         q_lo, len_q, len_kv, diag, left, right = (tl.load(GEOM + offs * 6 + i) for i in range(6))
         ranges = kernel_masking.kv_tile_ranges(
-            q_lo, len_q, len_kv, diag, left, right, BLOCK_M, 128, 64
+            q_lo, len_q, len_kv, diag, left, right, BLOCK_M, Q_TILE, KV_TILE
         )
         for i in tl.static_range(4):
             tl.store(OUT + offs * 4 + i, ranges[i])
@@ -177,8 +181,10 @@ else:
             for q_lo in range(0, span_q, block_m):
                 real = allowed[q_lo : min(q_lo + block_m, len_q)]
                 n_kt = tiles.shape[1]
-                seen = [bool(real[:, kt * 64 : (kt + 1) * 64].any()) for kt in range(n_kt)]
-                fp8 = tiles[q_lo // 128].tolist() if len(real) else [False] * n_kt
+                seen = [
+                    bool(real[:, kt * KV_TILE : (kt + 1) * KV_TILE].any()) for kt in range(n_kt)
+                ]
+                fp8 = tiles[q_lo // Q_TILE].tolist() if len(real) else [False] * n_kt
                 geo = (q_lo, len_q, len_kv, *_kernel_sides(mask, window, len_q, len_kv))
                 rows.append((geo, fp8, seen))
         n = triton.next_power_of_2(len(rows))
@@ -239,8 +245,8 @@ else:
     CASES = [
         dict(qkv_format="bshd", attn_mask_type="causal"),
         dict(qkv_format="sbhd", attn_mask_type="causal_bottom_right"),
-        dict(qkv_format="bshd", attn_mask_type="no_mask", window_size=(100, 90)),
-        dict(qkv_format="bshd", attn_mask_type="causal", window_size=(150, 0)),
+        dict(qkv_format="bshd", attn_mask_type="no_mask", window_size=(130, 130)),
+        dict(qkv_format="bshd", attn_mask_type="causal", window_size=(200, 0)),
         dict(
             qkv_format="bshd",
             attn_mask_type="padding_causal",
@@ -256,7 +262,11 @@ else:
         ),
     ]
 
-    def _case_inputs(case, gen, s_q=200, s_kv=200, h=4, h_kv=2, d=64):
+    def _case_inputs(case, gen, s_q=None, s_kv=None, h=4, h_kv=2, d=64):
+        """Random fp16 q, k, v for `case`. Windowed cases get 300 tokens: a window that hides
+        something and still leaves a KV tile that a whole query tile sees needs more than 256."""
+        s_default = 300 if case.get("window_size") else 200
+        s_q, s_kv = s_q or s_default, s_kv or s_default
         if case["qkv_format"] == "thd":
             t = int(case["cu_seqlens_q"][-1])
             return _randn(gen, t, h, d), _randn(gen, t, h_kv, d), _randn(gen, t, h_kv, d)

@@ -58,8 +58,10 @@ def test_per_token_and_mx_rowwise_match_reference_transposed(qkv_format):
 
 
 def test_per_chunk_bshd_chunks_restart_at_each_sample():
-    v = _x(2, 70, 2, 64)  # 70 = 64 + 6: each sample has a full and a short chunk
-    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd")
+    v = _x(2, 70, 2, 64)  # 70 = 64 + 6: each sample has a full and a short chunk of 64
+    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(
+        v, qkv_format="bshd", chunk=64
+    )
     assert data_t.shape == (2, 64, 144)  # t = 140 padded to a multiple of 16
     assert scale_inv.shape == (2, 4, 64) and cu_chunks.tolist() == [0, 2, 4]
     assert not _bits(data_t[:, :, 140:]).any()

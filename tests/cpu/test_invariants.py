@@ -10,6 +10,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
+    KV_TILE,
+    Q_TILE,
+)
+
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
     allowed_positions,
     fp8_tile_map,
@@ -105,5 +110,6 @@ def test_fp8_tiles_are_fully_visible(len_q, len_kv, mask, left):
     allowed = allowed_positions(mask, (left, -1), len_q, len_kv)
     tiles = fp8_tile_map(allowed, len_q)
     for qt, kt in tiles.nonzero().tolist():
-        block = allowed[qt * 128 : min(qt * 128 + 128, len_q), kt * 64 : kt * 64 + 64]
-        assert block.shape[1] == 64 and bool(block.all())
+        rows = slice(qt * Q_TILE, min(qt * Q_TILE + Q_TILE, len_q))
+        block = allowed[rows, kt * KV_TILE : (kt + 1) * KV_TILE]
+        assert block.shape[1] == KV_TILE and bool(block.all())

@@ -16,7 +16,7 @@ import torch
 import triton
 
 from .attention_kernel import BLOCK_M_CHOICES, BLOCK_N, Q_TILE, attention_forward_kernel
-from .formats import MX_BLOCK, V_CHUNK_CURRENT
+from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
@@ -267,6 +267,8 @@ def _launch(
     q_op, (sqb, sqs, sqh), q_scale = _query_operand(q, q_fp8, qkv_format, seqs, recipe)
     k8, k_scale = k_fp8
     v8t, v_scale, cu_chunks = v_fp8
+    if recipe == "mxfp8":  # the kernel reads fp32 powers of two (exact), not E8M0 codes
+        k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)

@@ -7,7 +7,7 @@ parameter like num_warps) of one (sequence, head):
   S = t * row_scale[i], row_scale = q_scale[i] * softmax_scale * log2(e)   (log2 units)
   online softmax in fp32 with exp2; P = 2^(S - m + log2(P_SCALE)) = P_SCALE * softmax numerator
 
-over the KV tiles (BLOCK_N = KV_TILE = 64 positions) that kernel_masking.kv_tile_ranges returns:
+over the KV tiles (BLOCK_N = KV_TILE = 128 positions) that kernel_masking.kv_tile_ranges returns:
 boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V;
 FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V, whose per-(chunk, channel)
 scale is applied to the product. The FP8/unquantized decision is taken per (Q_TILE, KV_TILE)
@@ -18,11 +18,13 @@ Note [Mask-exact FP8 scaling] in formats.py for why this keeps every output row 
 what its mask hides.
 
 Recipes (RECIPE_MX):
-  current  Q/K: one E4M3 scale per token (per_token_cast_to_fp8), V: per (64-token chunk, channel)
+  current  Q/K: one E4M3 scale per token (per_token_cast_to_fp8), V: per (128-token chunk, channel)
   MXFP8    Q/K: E8M0 per 32 along d, V: E8M0 per (32-token chunk, channel). sm90 has no block-
            scaled MMA, so the scales are applied explicitly and exactly: one FP8 sub-dot per
            32-wide block of the contraction dim, times the fp32 power-of-two scales; row_scale is
-           softmax_scale * log2(e) alone.
+           softmax_scale * log2(e) alone. The launcher decodes K's and V's E8M0 codes to fp32
+           (formats.e8m0_to_float, exact: 2^(code - 127), code 0 the subnormal 2^-127, 255 NaN),
+           so the hot loop loads scales instead of decoding a code per thread and column.
 
 Layouts: Q, V and O are addressed through (batch, token, head) strides (d contiguous), so bshd,
 sbhd and thd need no copies; K8, V8^T, the scales and the LSE are token-major along the flattened
@@ -35,7 +37,7 @@ import math
 import triton
 import triton.language as tl
 
-from .formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE
+from .formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
 from .kernel_masking import kv_tile_ranges, sequence_geometry, visible
 from .kernel_scaling import (
     e8m0_to_fp32,
@@ -52,11 +54,15 @@ _RUNTIME_SCALARS = [
 ]  # fmt: skip
 
 BLOCK_M_CHOICES = (64, 128)  # query rows per program: one or two warpgroups' MMA rows
+# Boundary loops run one or two tiles per program: a shallow pipeline keeps their staging buffers
+# (K8 and the 16-bit V tile) small, so two programs fit on an SM next to the FP8 loop's buffers.
+BOUNDARY_STAGES = tl.constexpr(2)
 BLOCK_N = KV_TILE
 LOG2_P_SCALE = tl.constexpr(int(math.log2(P_SCALE)))
 MX_BLOCK_C = tl.constexpr(MX_BLOCK)
 LN2 = tl.constexpr(math.log(2.0))
-assert 2**LOG2_P_SCALE.value == P_SCALE and BLOCK_N == 2 * MX_BLOCK
+assert 2**LOG2_P_SCALE.value == P_SCALE and BLOCK_N % MX_BLOCK == 0
+assert BLOCK_N == V_CHUNK_CURRENT  # one current-scaling V chunk per FP8 KV tile
 assert all(Q_TILE % block_m == 0 for block_m in BLOCK_M_CHOICES)
 
 
@@ -105,8 +111,8 @@ def _scores(
     """[BM, BN] fp32 column-scaled scores t of one KV tile (S = t * row_scale).
 
     k_tile: the tile's first key row of K8 ([t, d] slice of the head); ks_tile: its scale
-    ([t] fp32 scale_inv, or [t, d // 32] E8M0 codes for MXFP8). q_scale: the MX blocks' scales
-    (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys past the
+    ([t] fp32 scale_inv, or [t, d // 32] fp32 decoded E8M0 for MXFP8). q_scale: the MX blocks'
+    scales (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys past the
     sequence's real length (col0 + j >= len_kv) load as 0; the mask drops them anyway.
     """
     offs_n = tl.arange(0, BN)
@@ -117,14 +123,14 @@ def _scores(
         s = tl.zeros([q8[0].shape[0], BN], tl.float32)
         for g in tl.static_range(n_blocks):
             k_ptrs = k_tile + offs_n[None, :] * HEAD_DIM + g * MX_BLOCK_C + offs_c[:, None]
-            code_ptrs = ks_tile + offs_n * n_blocks + g
+            scale_ptrs = ks_tile + offs_n * n_blocks + g
             if MASKED:
                 k_t = tl.load(k_ptrs, mask=cols_ok[None, :], other=0.0)  # [32, BN]
-                code = tl.load(code_ptrs, mask=cols_ok, other=127)  # [BN]
+                k_scale = tl.load(scale_ptrs, mask=cols_ok, other=1.0)  # [BN]
             else:
                 k_t = tl.load(k_ptrs)
-                code = tl.load(code_ptrs)
-            s += tl.dot(q8[g], k_t) * (q_scale[g][:, None] * e8m0_to_fp32(code)[None, :])
+                k_scale = tl.load(scale_ptrs)
+            s += tl.dot(q8[g], k_t) * (q_scale[g][:, None] * k_scale[None, :])
     else:
         offs_d = tl.arange(0, HEAD_DIM)
         k_ptrs = k_tile + offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # [D, BN], d contiguous
@@ -136,6 +142,23 @@ def _scores(
             k_scale_inv = tl.load(ks_tile + offs_n)
         s = tl.dot(q8, k_t) * k_scale_inv[None, :]
     return s
+
+
+@triton.jit
+def _column_blocks(x, N: tl.constexpr):
+    """x [rows, N * 32] -> tuple of its N [rows, 32] column blocks, in order (N = 2 or 4)."""
+    rows: tl.constexpr = x.shape[0]
+    if N == 2:
+        lo, hi = tl.split(tl.permute(tl.reshape(x, (rows, 2, MX_BLOCK_C)), (0, 2, 1)))
+        return lo, hi
+    else:
+        tl.static_assert(N == 4)
+        # [rows, 32, hi, lo] with column = hi * 64 + lo * 32 + c
+        x4 = tl.permute(tl.reshape(x, (rows, 2, 2, MX_BLOCK_C)), (0, 3, 1, 2))
+        lo0, lo1 = tl.split(x4)
+        b0, b2 = tl.split(lo0)
+        b1, b3 = tl.split(lo1)
+        return b0, b1, b2, b3
 
 
 @triton.jit
@@ -153,20 +176,19 @@ def _pv_fp8(
     p8 = p.to(tl.float8e4nv)
     offs_d = tl.arange(0, HEAD_DIM)
     if RECIPE_MX:
-        block_m: tl.constexpr = p.shape[0]
-        p_blocks = tl.split(tl.permute(tl.reshape(p8, (block_m, 2, MX_BLOCK_C)), (0, 2, 1)))
+        p_blocks = _column_blocks(p8, BN // MX_BLOCK_C)
         offs_c = tl.arange(0, MX_BLOCK_C)
-        for half in tl.static_range(2):
-            cols = half * MX_BLOCK_C + offs_c
+        for blk in tl.static_range(BN // MX_BLOCK_C):
+            cols = blk * MX_BLOCK_C + offs_c
             vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + cols[None, :]  # [D, 32]
-            code_ptrs = vs_tile + half * HEAD_DIM + offs_d  # [D]
+            scale_ptrs = vs_tile + blk * HEAD_DIM + offs_d  # [D]
             if MASKED:
                 v_t = tl.load(vt_ptrs, mask=col0 + cols[None, :] < len_kv, other=0.0)
-                code = tl.load(code_ptrs, mask=col0 + half * MX_BLOCK_C < len_kv, other=127)
+                v_scale = tl.load(scale_ptrs, mask=col0 + blk * MX_BLOCK_C < len_kv, other=1.0)
             else:
                 v_t = tl.load(vt_ptrs)
-                code = tl.load(code_ptrs)
-            acc += tl.dot(p_blocks[half], tl.trans(v_t)) * e8m0_to_fp32(code)[None, :]
+                v_scale = tl.load(scale_ptrs)
+            acc += tl.dot(p_blocks[blk], tl.trans(v_t)) * v_scale[None, :]
     else:
         offs_n = tl.arange(0, BN)
         vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
@@ -200,17 +222,18 @@ def _attend_tiles(
     k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
     len_kv, diag, left, right,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
-    V_FP8: tl.constexpr,
+    V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the KV tiles [kv_first, kv_end) of one sequence -> (acc, l_i, m_i).
 
     *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
     in V's layout; tok_kv (int64): its token-major index; chunk_kv: its first V chunk.
     row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
+    LOOP_STAGES: the loop's software pipeline depth (None: the launch's num_stages).
     """
     scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
-    chunks_per_tile: tl.constexpr = 2 if RECIPE_MX else 1
-    for kt in range(kv_first, kv_end):
+    chunks_per_tile: tl.constexpr = BN // MX_BLOCK_C if RECIPE_MX else 1
+    for kt in tl.range(kv_first, kv_end, num_stages=LOOP_STAGES):
         col0 = kt * BN
         tok = tok_kv + col0
         t = _scores(
@@ -260,8 +283,8 @@ def attention_forward_kernel(
 
     Q: [.., d] in its layout (strides b/s/h), or pre-quantized token-major [h, t, d] e4m3
     (QUANTIZE_Q False) with Q_SCALE [h, t] fp32 scale_inv ([h, t, d // 32] E8M0 for MXFP8).
-    K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] E8M0).
-    V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (E8M0 for MXFP8).
+    K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] fp32 2^(e - 127)).
+    V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (MXFP8: 2^(e - 127)).
     V: unquantized, in its layout. O: Q's shape and layout. LSE [h, t_q] fp32, natural log.
     CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence. scores_scale:
     softmax_scale * log2(e). window_*: TE's window_size sides, kernel_masking.UNBOUNDED for -1.
@@ -322,19 +345,19 @@ def attention_forward_kernel(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
         len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
         len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, False, True,
+        HEAD_DIM, BN, RECIPE_MX, False, True, None,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
         len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.

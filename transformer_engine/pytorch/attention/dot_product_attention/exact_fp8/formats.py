@@ -14,7 +14,7 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 #
 #   * Q and K get one scale per (batch, token, head), amax over the head dim d only. The scales
 #     factor out of Q.K^T exactly as a row and a column scale of the product.
-#   * V gets one scale per (batch, kv-head, chunk of C tokens, channel): C = V_CHUNK_CURRENT (64)
+#   * V gets one scale per (batch, kv-head, chunk of C tokens, channel): C = V_CHUNK_CURRENT (128)
 #     for current scaling, C = MX_BLOCK (32) for MXFP8 (the format's own block). Chunks start at
 #     each sequence's first token, so they never cross a sequence (thd) or a sample (bshd/sbhd).
 #   * A query tile (Q_TILE rows) uses the FP8 copy of a KV tile (KV_TILE tokens, a whole number of
@@ -53,13 +53,16 @@ E4M3_MAX = 448.0
 MX_BLOCK = 32
 """Elements per E8M0 scale in MXFP8 (fixed by the OCP MX format)."""
 
-V_CHUNK_CURRENT = 64
-"""Tokens per V scale (per channel) for current scaling. See Note [Mask-exact FP8 scaling]."""
+V_CHUNK_CURRENT = 128
+"""Tokens per V scale (per channel) for current scaling. See Note [Mask-exact FP8 scaling].
+
+Equal to KV_TILE, so that an FP8 KV tile applies one per-channel scale vector to its P.V product
+(the per-tile accumulator work does not grow with the tile)."""
 
 Q_TILE = 128
 """Query rows that share one FP8/unquantized decision per KV tile."""
 
-KV_TILE = 64
+KV_TILE = 128
 """Key/value positions that share one FP8/unquantized decision. A multiple of both chunk sizes."""
 
 P_SCALE = 256.0

@@ -80,6 +80,11 @@ def kv_tile_ranges(
 
 @triton.jit
 def visible(rows, cols, len_kv, diag, left, right):
-    """[rows, cols] bool: may row i see position j (masks.allowed_positions for real rows)."""
-    rel = cols[None, :] - rows[:, None] - diag
-    return (cols[None, :] < len_kv) & (rel <= right) & (rel >= -left)
+    """[rows, cols] bool: may row i see position j (masks.allowed_positions for real rows).
+
+    Row i sees the interval [i + diag - left, min(i + diag + right, len_kv - 1)]: two compares
+    per element against per-row bounds.
+    """
+    first = rows + diag - left  # [rows]
+    last = tl.minimum(rows + diag + right, len_kv - 1)
+    return (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
