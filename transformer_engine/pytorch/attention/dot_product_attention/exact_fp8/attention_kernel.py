@@ -112,8 +112,8 @@ def _scores(
 
     k_tile: the tile's first key row of K8 ([t, d] slice of the head); ks_tile: its scale
     ([t] fp32 scale_inv, or [t, d // 32] fp32 decoded E8M0 for MXFP8). q_scale: the MX blocks'
-    scales (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys past the
-    sequence's real length (col0 + j >= len_kv) load as 0; the mask drops them anyway.
+    scales (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys
+    past the sequence's real length (col0 + j >= len_kv) load as 0; the mask drops them anyway.
     """
     offs_n = tl.arange(0, BN)
     cols_ok = col0 + offs_n < len_kv

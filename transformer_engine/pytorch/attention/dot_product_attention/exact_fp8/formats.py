@@ -22,12 +22,13 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 #     (query tile, KV tile) pair uses the unquantized V (the input dtype) under the ordinary mask.
 #     This splits each V scale reduction at the prefix boundaries: no scale used for row i reduces
 #     over a position row i cannot see. Rows past a sequence's real length do not count.
-#   * P (the softmax numerator) is cast to FP8 with the fixed scale P_SCALE, which depends on no data.
+#   * P (the softmax numerator) is cast to FP8 with the fixed scale P_SCALE, which depends on no
+#     data.
 #
 # Only data-independent choices (mask geometry, shapes and the constants below) decide which
-# representation a value gets. Q_TILE, KV_TILE and the chunk sizes are constants of the format, not
-# tuning knobs: a kernel may use other block sizes internally, but must make the same FP8/unquantized
-# decision per (Q_TILE, KV_TILE) pair.
+# representation a value gets. Q_TILE, KV_TILE and the chunk sizes are constants of the format,
+# not tuning knobs: a kernel may use other block sizes internally, but must make the same
+# FP8/unquantized decision per (Q_TILE, KV_TILE) pair.
 """
 
 import torch
@@ -74,7 +75,10 @@ _E4M3_MAX_RCP = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)  # float(1/448
 
 
 def cast_to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> E4M3, round to nearest even, saturating to +-448 (CUDA's satfinite cast). NaN stays NaN."""
+    """fp32 -> E4M3, round to nearest even, saturating to +-448 (CUDA's satfinite cast).
+
+    NaN stays NaN.
+    """
     assert x.dtype == torch.float32
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
@@ -127,7 +131,7 @@ def e8m0_to_float(code: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_reciprocal(code: torch.Tensor) -> torch.Tensor:
-    """2^(127 - code) in fp32, the multiplier that brings a block into E4M3 range (code 255: NaN)."""
+    """2^(127 - code) in fp32: the multiplier that brings a block into E4M3 range (255: NaN)."""
     code = code.to(torch.int32)
     out = ((254 - code).clamp(min=0) << 23).view(torch.float32)
     out = torch.where(code == 254, torch.full_like(out, 2.0**-127), out)
