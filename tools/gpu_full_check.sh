@@ -34,6 +34,7 @@ step() {  # step NAME COMMAND...: run it with OUT=$WORK/NAME, record the exit st
   [ "$rc" -ne 0 ] && failed=1
   echo "== $name exit status $rc" | tee -a "$SUMMARY"
   tail -n "${TAIL_LINES:-25}" "$WORK/$name/stdout.txt" | tee -a "$SUMMARY"
+  tar -czf "$OUT/results.tar.gz" -C "$WORK" .  # after every step: a time limit loses nothing
 }
 
 quantize_tests() {
@@ -48,6 +49,5 @@ STEPS="build tests" step kernel bash tools/gpu_attention_check.sh
 step quantize quantize_tests
 STEPS=bench step bench bash tools/gpu_audit_bench.sh
 
-tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 echo "== all steps passed: $([ "$failed" -eq 0 ] && echo yes || echo NO)" | tee -a "$SUMMARY"
 exit "$failed"
