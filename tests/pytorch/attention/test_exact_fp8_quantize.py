@@ -12,6 +12,10 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
     quantize as Q,
     quantize_reference as ref,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
+    MX_BLOCK,
+    V_CHUNK_CURRENT,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import SeqLayout
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
     to_tokens,
@@ -272,7 +276,7 @@ def test_gqa_heads_are_independent():
     k, v = kv[:, :, 0], kv[:, :, 1]
     q_data, q_scale = Q.per_token_cast_to_fp8(q, qkv_format="bshd")
     k_data, k_scale = Q.per_token_cast_to_fp8(k, qkv_format="bshd")
-    v_data, v_scale, _ = Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd")
+    v_data, v_scale, _ = Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd", chunk=64)
     assert q_data.shape == (8, 192, 128) and q_scale.shape == (8, 192)
     assert k_data.shape == (2, 192, 128) and k_scale.shape == (2, 192)
     assert v_data.shape == (2, 128, 192) and v_scale.shape == (2, 4, 128)  # 2 chunks per sample
@@ -352,14 +356,15 @@ def test_inf_saturates_and_makes_scale_one(dtype):
 
 @pytest.mark.parametrize("mx", [False, True])
 def test_future_chunk_changes_no_earlier_bits(mx):
-    """An outlier at token 100 of sample 0 changes only chunk 100 // C of sample 0 (bitwise)."""
+    """An outlier at token 100 of sample 0 changes only chunk 100 // C of sample 0 (bitwise), C
+    the default chunk (V_CHUNK_CURRENT, or MX_BLOCK for MXFP8); 300-token samples hold several."""
     fn = (
         Q.per_chunk_cast_to_mxfp8_columnwise_transposed
         if mx
         else Q.per_chunk_channel_cast_to_fp8_transposed
     )
-    chunk = 32 if mx else 64
-    v, _ = _make("bshd", torch.bfloat16, 128, torch.Generator().manual_seed(19))
+    chunk = MX_BLOCK if mx else V_CHUNK_CURRENT
+    v, _ = _make("bshd", torch.bfloat16, 128, torch.Generator().manual_seed(19), seqlen=300)
     perturbed = v.clone()
     perturbed[0, 100] = 1e30
     base_data, base_scales, _ = fn(v, qkv_format="bshd")
