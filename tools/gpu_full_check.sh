@@ -9,7 +9,9 @@
 # 2. causality audit through TE      STEPS=audit tools/gpu_audit_bench.sh
 # 3. kernel and quantization tests   STEPS="build tests" tools/gpu_attention_check.sh, plus
 #                                    tests/pytorch/attention/test_exact_fp8_quantize.py
-# 4. TE-API benchmark, last, on an otherwise idle GPU: STEPS=bench tools/gpu_audit_bench.sh
+# 4. benchmarks on an otherwise idle GPU: the kernel's speed table (STEPS=speed
+#    tools/gpu_attention_check.sh, ROUNDS rounds, default 3), then the TE-API benchmark
+#    (STEPS=bench tools/gpu_audit_bench.sh)
 #
 # Each step writes into its own folder under $WORK (default /tmp/gpu_full_check); $OUT receives
 # them as one results.tar.gz and a summary.txt (step, exit status, last lines), also printed.
@@ -47,6 +49,7 @@ step te bash tools/gpu_te_check.sh
 STEPS=audit step audit bash tools/gpu_audit_bench.sh
 STEPS="build tests" step kernel bash tools/gpu_attention_check.sh
 step quantize quantize_tests
+STEPS=speed ROUNDS=${ROUNDS:-3} step speed bash tools/gpu_attention_check.sh
 STEPS=bench step bench bash tools/gpu_audit_bench.sh
 
 echo "== all steps passed: $([ "$failed" -eq 0 ] && echo yes || echo NO)" | tee -a "$SUMMARY"

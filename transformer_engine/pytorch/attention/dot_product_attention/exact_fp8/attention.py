@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .attention_kernel import BLOCK_M_CHOICES, BLOCK_N, Q_TILE, attention_forward_kernel
 from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
@@ -253,6 +254,22 @@ def _query_operand(q, q_fp8, qkv_format, seqs, recipe):
     return data, (stride_b, d, t * d), scale
 
 
+def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor):
+    """Host TMA descriptors of K8 [h_kv, t, d] as [h_kv * t, d] (block [BLOCK_N, d]) and of
+    V8^T [h_kv, d, t_pad] as [h_kv * d, t_pad] (block [d, BLOCK_N]).
+
+    Both are contiguous with 16-byte rows (d and t_pad are multiples of 16), as TMA requires.
+    Without keys, the descriptors cover a zero tile that no program reads.
+    """
+    d = k8.shape[-1]
+    if k8.numel() == 0:
+        k8 = torch.zeros(BLOCK_N, d, dtype=k8.dtype, device=k8.device)
+        v8t = torch.zeros(d, BLOCK_N, dtype=v8t.dtype, device=v8t.device)
+    k_desc = TensorDescriptor.from_tensor(k8.reshape(-1, d), [BLOCK_N, d])
+    vt_desc = TensorDescriptor.from_tensor(v8t.reshape(-1, v8t.shape[-1]), [d, BLOCK_N])
+    return k_desc, vt_desc
+
+
 def _launch(
     q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
     softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, launch_config=None,
@@ -269,6 +286,7 @@ def _launch(
     v8t, v_scale, cu_chunks = v_fp8
     if recipe == "mxfp8":  # the kernel reads fp32 powers of two (exact), not E8M0 codes
         k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
+    k_desc, vt_desc = _tma_descriptors(k8, v8t)
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)
@@ -281,6 +299,7 @@ def _launch(
     grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, block_m))
     attention_forward_kernel[grid](
         q_op, q_scale if q_scale is not None else k_scale, k8, k_scale, v8t, v_scale, v, out, lse,
+        k_desc, vt_desc,
         seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks,
         sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
         k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),

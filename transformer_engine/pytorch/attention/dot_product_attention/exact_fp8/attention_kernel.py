@@ -105,7 +105,7 @@ def _query_tile_mx(
 
 @triton.jit
 def _scores(
-    q8, q_scale, k_tile, ks_tile, col0, len_kv,
+    q8, q_scale, k_tile, ks_tile, k_desc, k_row, col0, len_kv,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """[BM, BN] fp32 column-scaled scores t of one KV tile (S = t * row_scale).
@@ -114,6 +114,8 @@ def _scores(
     ([t] fp32 scale_inv, or [t, d // 32] fp32 decoded E8M0 for MXFP8). q_scale: the MX blocks'
     scales (unused for current scaling, whose Q scale is in row_scale). On masked tiles keys
     past the sequence's real length (col0 + j >= len_kv) load as 0; the mask drops them anyway.
+    k_desc: TMA descriptor of K8 as [h_kv * t, d]; k_row (int32): the tile's first row in it.
+    Complete current-scaling tiles load K through it (no per-thread address arithmetic).
     """
     offs_n = tl.arange(0, BN)
     cols_ok = col0 + offs_n < len_kv
@@ -138,7 +140,7 @@ def _scores(
             k_t = tl.load(k_ptrs, mask=cols_ok[None, :], other=0.0)
             k_scale_inv = tl.load(ks_tile + offs_n, mask=cols_ok, other=0.0)  # [BN]
         else:
-            k_t = tl.load(k_ptrs)
+            k_t = k_desc.load([k_row, 0]).T  # [D, BN]
             k_scale_inv = tl.load(ks_tile + offs_n)
         s = tl.dot(q8, k_t) * k_scale_inv[None, :]
     return s
@@ -163,14 +165,18 @@ def _column_blocks(x, N: tl.constexpr):
 
 @triton.jit
 def _pv_fp8(
-    acc, p, vt_tile, vs_tile, col0, len_kv, stride_vtd,
+    acc, p, vt_tile, vs_tile, vt_desc, vt_row, vt_col, col0, len_kv, stride_vtd,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
+    VT_TMA: tl.constexpr,
 ):  # fmt: skip
     """acc + P8 . V8 with each V chunk's per-channel scale applied to its product. [BM, D] fp32.
 
     vt_tile: the tile's first token in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
     operand of the FP8 MMA); vs_tile: the tile's first chunk in V_SCALE [n_chunks, d]. Only the
     leaky fp8_v_everywhere mode runs this on masked tiles (MASKED: keys past len_kv load as 0).
+    vt_desc: TMA descriptor of V8^T as [h_kv * d, t_pad]; (vt_row, vt_col) int32: the tile's
+    corner in it, used by complete current-scaling tiles when VT_TMA (vt_col a multiple of 16:
+    TMA boxes start on 16-byte boundaries).
     """
     # See Note [Mask-exact FP8 scaling]: P's scale is the fixed P_SCALE, folded into p already.
     p8 = p.to(tl.float8e4nv)
@@ -194,6 +200,8 @@ def _pv_fp8(
         vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
         if MASKED:
             v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
+        elif VT_TMA:
+            v_t = vt_desc.load([vt_row, vt_col])
         else:
             v_t = tl.load(vt_ptrs)
         v_scale_inv = tl.load(vs_tile + offs_d)  # [D]
@@ -220,14 +228,17 @@ def _pv_unquantized(
 def _attend_tiles(
     acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end,
     k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-    len_kv, diag, left, right,
+    k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv, diag, left, right,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
-    V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr, VT_TMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the KV tiles [kv_first, kv_end) of one sequence -> (acc, l_i, m_i).
 
     *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
     in V's layout; tok_kv (int64): its token-major index; chunk_kv: its first V chunk.
+    k_desc, vt_desc: TMA descriptors of K8 [h_kv * t, d] and V8^T [h_kv * d, t_pad];
+    k_desc_row (int32): the sequence's first key row in k_desc for this kv head; vt_desc_row
+    (int32): the kv head's first row in vt_desc. VT_TMA: V8^T tiles may load through vt_desc.
     row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
     LOOP_STAGES: the loop's software pipeline depth (None: the launch's num_stages).
     """
@@ -237,8 +248,8 @@ def _attend_tiles(
         col0 = kt * BN
         tok = tok_kv + col0
         t = _scores(
-            q8, q_scale, k8_head + tok * HEAD_DIM, ks_head + tok * scale_cols, col0, len_kv,
-            HEAD_DIM, BN, RECIPE_MX, MASKED,
+            q8, q_scale, k8_head + tok * HEAD_DIM, ks_head + tok * scale_cols,
+            k_desc, k_desc_row + col0, col0, len_kv, HEAD_DIM, BN, RECIPE_MX, MASKED,
         )  # fmt: skip
         if MASKED:
             cols = col0 + tl.arange(0, BN)
@@ -256,8 +267,8 @@ def _attend_tiles(
         if V_FP8:
             vs_tile = vs_head + (chunk_kv + kt * chunks_per_tile).to(tl.int64) * HEAD_DIM
             acc = _pv_fp8(
-                acc, p, vt_head + tok, vs_tile, col0, len_kv, stride_vtd,
-                HEAD_DIM, BN, RECIPE_MX, MASKED,
+                acc, p, vt_head + tok, vs_tile, vt_desc, vt_desc_row, tok.to(tl.int32), col0,
+                len_kv, stride_vtd, HEAD_DIM, BN, RECIPE_MX, MASKED, VT_TMA,
             )  # fmt: skip
         else:
             v_tile = v_seq + col0.to(tl.int64) * stride_vs
@@ -268,7 +279,7 @@ def _attend_tiles(
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS)
 def attention_forward_kernel(
-    Q, Q_SCALE, K8, K_SCALE, V8T, V_SCALE, V, O, LSE,
+    Q, Q_SCALE, K8, K_SCALE, V8T, V_SCALE, V, O, LSE, K_DESC, VT_DESC,
     CU_Q, CU_Q_START, CU_KV, CU_KV_START, CU_CHUNKS,
     stride_qb, stride_qs, stride_qh, stride_qsh,
     stride_kh, stride_ksh, stride_vth, stride_vtd, stride_vsh,
@@ -285,6 +296,8 @@ def attention_forward_kernel(
     (QUANTIZE_Q False) with Q_SCALE [h, t] fp32 scale_inv ([h, t, d // 32] E8M0 for MXFP8).
     K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] fp32 2^(e - 127)).
     V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (MXFP8: 2^(e - 127)).
+    K_DESC, VT_DESC: TMA descriptors of K8 as [h_kv * t, d] (block [BN, d]) and of V8T as
+    [h_kv * d, t_pad] (block [d, BN]), read by the complete tiles of current scaling.
     V: unquantized, in its layout. O: Q's shape and layout. LSE [h, t_q] fp32, natural log.
     CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence. scores_scale:
     softmax_scale * log2(e). window_*: TE's window_size sides, kernel_masking.UNBOUNDED for -1.
@@ -337,6 +350,8 @@ def attention_forward_kernel(
     vt_head = V8T + kv_head.to(tl.int64) * stride_vth
     vs_head = V_SCALE + kv_head.to(tl.int64) * stride_vsh
     chunk_kv = tl.load(CU_CHUNKS + seq)
+    k_desc_row = (kv_head * (stride_kh // HEAD_DIM) + tok_kv).to(tl.int32)  # K8 rows: h_kv * t
+    vt_desc_row = kv_head * HEAD_DIM
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -344,20 +359,20 @@ def attention_forward_kernel(
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
+        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, False, True, None,
+        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, False, True, None, STARTS_ALIGNED,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi,
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        len_kv, diag, window_left, window_right,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
+        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
     )  # fmt: skip
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
