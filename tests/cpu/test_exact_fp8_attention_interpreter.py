@@ -318,6 +318,26 @@ else:
         assert any(bool(t.any()) for t in ref.fp8_tiles), "no FP8 tile: the case checks nothing"
         torch.testing.assert_close(out, ref.out, rtol=2.0**-10, atol=2.0**-14)
 
+    @pytest.mark.parametrize("recipe", RECIPES)
+    def test_no_keys_give_zero_rows(recipe):
+        """No key at all (bshd s_kv = 0, thd kv lengths 0): every row is 0 with LSE -inf, and the
+        TMA descriptors of the empty K8 / V8^T are built over a stand-in tile nothing reads."""
+        gen = torch.Generator().manual_seed(6)
+        cu_q = torch.tensor([0, 5, 9], dtype=torch.int32)
+        cases = [
+            (_randn(gen, 1, 5, 2, 64), torch.zeros(1, 0, 1, 64).half(), dict(qkv_format="bshd")),
+            (
+                _randn(gen, 9, 2, 64),
+                torch.zeros(0, 1, 64).half(),
+                dict(qkv_format="thd", cu_seqlens_q=cu_q, cu_seqlens_kv=torch.zeros_like(cu_q)),
+            ),
+        ]
+        for q, k, kw in cases:
+            kw["attn_mask_type"] = "no_mask" if kw["qkv_format"] == "bshd" else "padding"
+            out, lse = _run(q, k, k.clone(), recipe, kw)
+            assert out.shape == q.shape and not out.any()
+            assert bool((lse == float("-inf")).all())
+
     def test_gqa_and_mqa_pick_the_right_kv_head():
         gen = torch.Generator().manual_seed(4)
         case = dict(qkv_format="bshd", attn_mask_type="causal")
