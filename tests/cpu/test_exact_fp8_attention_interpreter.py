@@ -280,13 +280,14 @@ else:
         cu_seqlens_q=torch.tensor([0, 130, 131, 300], dtype=torch.int32),
     )
     THD["cu_seqlens_kv"] = THD["cu_seqlens_q"]
-
-    @pytest.mark.parametrize("recipe", RECIPES)
-    @pytest.mark.parametrize(
+    OVER_CASES = pytest.mark.parametrize(
         "case",
         CASES + [THD],
         ids=lambda c: f"{c['qkv_format']}-{c['attn_mask_type']}-{c.get('window_size')}",
     )
+
+    @pytest.mark.parametrize("recipe", RECIPES)
+    @OVER_CASES
     def test_lse_matches_reference(recipe, case):
         """The LSE depends on the FP8 Q.K^T, the scales and the masks, not on the P cast: it must
         match the fp64 reference to fp32 rounding (scores are O(1), so 1e-4 absolute is ~100 ulp).
@@ -301,11 +302,7 @@ else:
         torch.testing.assert_close(lse[finite].double(), ref.lse[finite], rtol=0, atol=1e-4)
 
     @pytest.mark.parametrize("recipe", RECIPES)
-    @pytest.mark.parametrize(
-        "case",
-        CASES + [THD],
-        ids=lambda c: f"{c['qkv_format']}-{c['attn_mask_type']}-{c.get('window_size')}",
-    )
+    @OVER_CASES
     def test_uniform_attention_matches_reference(recipe, case):
         """q = 0: every visible key gets P = P_SCALE, which even the interpreter's cast keeps, so
         the outputs (FP8 V with its chunk scales on FP8 tiles, unquantized V elsewhere) must

@@ -226,14 +226,15 @@ def _pv_unquantized(
 
 @triton.jit
 def _attend_tiles(
-    acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end,
-    k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-    k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv, diag, left, right,
+    acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
     V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr, VT_TMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the KV tiles [kv_first, kv_end) of one sequence -> (acc, l_i, m_i).
 
+    kv_seq: the sequence's keys and values for this kv head, the tuple (k8_head, ks_head,
+    vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs, k_desc, vt_desc,
+    k_desc_row, vt_desc_row, len_kv); window: (diag, left, right) of kernel_masking.visible.
     *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
     in V's layout; tok_kv (int64): its token-major index; chunk_kv: its first V chunk.
     k_desc, vt_desc: TMA descriptors of K8 [h_kv * t, d] and V8^T [h_kv * d, t_pad];
@@ -242,6 +243,9 @@ def _attend_tiles(
     row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
     LOOP_STAGES: the loop's software pipeline depth (None: the launch's num_stages).
     """
+    k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs = kv_seq[:9]
+    k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv = kv_seq[9:]
+    diag, left, right = window
     scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
     chunks_per_tile: tl.constexpr = BN // MX_BLOCK_C if RECIPE_MX else 1
     for kt in tl.range(kv_first, kv_end, num_stages=LOOP_STAGES):
@@ -355,23 +359,22 @@ def attention_forward_kernel(
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
+    kv_seq = (
+        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
+        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv,
+    )  # fmt: skip
+    window = (diag, window_left, window_right)
     # Left boundary (sliding window), FP8 tiles, right boundary (diagonal / sequence end).
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo,
-        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi,
-        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, False, True, None, STARTS_ALIGNED,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi,
-        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv, diag, window_left, window_right,
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
     )  # fmt: skip
 
