@@ -43,6 +43,7 @@ else:
         formats,
         kernel_masking,
         kernel_scaling,
+        quantize,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
         exact_fp8_attention_forward,
@@ -55,10 +56,6 @@ else:
         MASK_TYPES,
         allowed_positions,
         fp8_tile_map,
-    )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (
-        per_block_cast_to_mxfp8_rowwise,
-        per_token_cast_to_fp8,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
         reference_attention,
@@ -215,13 +212,11 @@ else:
     # ------------------------------------------------------------------ attention values
 
     def _quantize_q(q, fmt, recipe):
-        """Q quantized outside the kernel (the interpreter's FP8 cast is wrong), head-major."""
-        tokens = to_tokens(q, fmt)
+        """Q quantized outside the kernel by the reference rules (the interpreter's FP8 cast is
+        wrong), in the head-major layout the kernel's q_fp8 takes."""
         if recipe == "current":
-            data, scale = per_token_cast_to_fp8(tokens)
-        else:
-            data, scale = per_block_cast_to_mxfp8_rowwise(tokens)
-        return data.transpose(0, 1).contiguous(), scale.transpose(0, 1).contiguous()
+            return quantize.per_token_cast_to_fp8(q, qkv_format=fmt, backend="torch")
+        return quantize.per_block_cast_to_mxfp8_rowwise(q, qkv_format=fmt, backend="torch")
 
     def _kernel_kwargs(kwargs):
         """Reference kwargs -> kernel kwargs (dense padding lengths travel as cu_seqlens)."""
