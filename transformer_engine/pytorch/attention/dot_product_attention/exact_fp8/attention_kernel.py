@@ -173,10 +173,11 @@ def _pv_fp8(
 
     vt_tile: the tile's first token in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
     operand of the FP8 MMA); vs_tile: the tile's first chunk in V_SCALE [n_chunks, d]. Only the
-    leaky fp8_v_everywhere mode runs this on masked tiles (MASKED: keys past len_kv load as 0).
+    leaky fp8_v_everywhere mode runs this on masked tiles (MASKED: pointer loads give 0 past len_kv).
     vt_desc: TMA descriptor of V8^T as [h_kv * d, t_pad]; (vt_row, vt_col) int32: the tile's
-    corner in it, used by complete current-scaling tiles when VT_TMA (vt_col a multiple of 16:
-    TMA boxes start on 16-byte boundaries).
+    corner in it, used by current-scaling tiles when VT_TMA (vt_col a multiple of 16: TMA boxes
+    start on 16-byte boundaries). On the leaky mode's masked tiles the box also reads keys past
+    len_kv (another sequence's, or the zero columns past t_pad): their P is exactly 0.
     """
     # See Note [Mask-exact FP8 scaling]: P's scale is the fixed P_SCALE, folded into p already.
     p8 = p.to(tl.float8e4nv)
@@ -198,10 +199,10 @@ def _pv_fp8(
     else:
         offs_n = tl.arange(0, BN)
         vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
-        if MASKED:
-            v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
-        elif VT_TMA:
+        if VT_TMA:  # masked tiles too: past len_kv, P is 0 and V8^T is finite (or 0 past t_pad)
             v_t = vt_desc.load([vt_row, vt_col])
+        elif MASKED:
+            v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
         else:
             v_t = tl.load(vt_ptrs)
         v_scale_inv = tl.load(vs_tile + offs_d)  # [D]
@@ -364,7 +365,12 @@ def attention_forward_kernel(
         K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv,
     )  # fmt: skip
     window = (diag, window_left, window_right)
-    # Left boundary (sliding window), FP8 tiles, right boundary (diagonal / sequence end).
+    # Right boundary (diagonal / sequence end) first, so that its loads are not left exposed at
+    # the end of the program, then the left boundary (sliding window) and the FP8 tiles.
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi, kv_seq, window,
+        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
+    )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
@@ -372,10 +378,6 @@ def attention_forward_kernel(
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, False, True, None, STARTS_ALIGNED,
-    )  # fmt: skip
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi, kv_seq, window,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
     )  # fmt: skip
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
