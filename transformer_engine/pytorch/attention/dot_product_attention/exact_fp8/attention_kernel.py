@@ -197,14 +197,15 @@ def _pv_fp8(
                 v_scale = tl.load(scale_ptrs)
             acc += tl.dot(p_blocks[blk], tl.trans(v_t)) * v_scale[None, :]
     else:
-        offs_n = tl.arange(0, BN)
-        vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
         if VT_TMA:  # masked tiles too: past len_kv, P is 0 and V8^T is finite (or 0 past t_pad)
             v_t = vt_desc.load([vt_row, vt_col])
-        elif MASKED:
-            v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
         else:
-            v_t = tl.load(vt_ptrs)
+            offs_n = tl.arange(0, BN)
+            vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
+            if MASKED:
+                v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
+            else:
+                v_t = tl.load(vt_ptrs)
         v_scale_inv = tl.load(vs_tile + offs_d)  # [D]
         acc += tl.dot(p8, tl.trans(v_t)) * v_scale_inv[None, :]
     return acc
