@@ -7,7 +7,8 @@ tl.dot are exact there, but fp32 -> float8e4nv casts are wrong and BF16 dots are
 cases use FP16 inputs and a Q quantized outside the kernel, and check:
 
   * the in-kernel scale rules (integer and fp32 paths) against formats.py, bitwise;
-  * the tile decisions (FP8 / boundary / skipped) against masks.fp8_tile_map, exhaustively;
+  * the tile decisions (FP8 / boundary / skipped) against masks.fp8_tile_map, exhaustively,
+    and the boundary sub-tiles walked against the positions the rows see;
   * the LSE against the reference (it does not involve the P cast): masks, layouts, GQA;
   * outputs against the reference where the P cast is exact (uniform attention: P = P_SCALE);
   * bitwise invariance of the outputs under perturbations the mask hides (the scenarios), with
@@ -47,6 +48,9 @@ else:
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
         exact_fp8_attention_forward,
+    )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention_kernel import (
+        BOUNDARY_N,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
         KV_TILE,
@@ -192,6 +196,52 @@ else:
         for (geo, fp8, seen), (kv_lo, fp8_lo, fp8_hi, kv_hi) in zip(rows, out.tolist()):
             assert [fp8_lo <= kt < fp8_hi for kt in range(len(fp8))] == fp8, geo
             assert [kv_lo <= kt < kv_hi for kt in range(len(seen))] == seen, geo
+
+    @triton.jit
+    def _subtile_ranges_kernel(
+        GEOM, OUT, N: tl.constexpr, BLOCK_M: tl.constexpr, SUB_TILE: tl.constexpr
+    ):
+        offs = tl.arange(0, N)
+        q_lo, len_q, len_kv, diag, left, right = (tl.load(GEOM + offs * 6 + i) for i in range(6))
+        tiles = kernel_masking.kv_tile_ranges(
+            q_lo, len_q, len_kv, diag, left, right, BLOCK_M, Q_TILE, KV_TILE
+        )
+        subtiles = kernel_masking.boundary_subtile_ranges(
+            q_lo, len_q, len_kv, diag, left, right, *tiles, BLOCK_M, KV_TILE, SUB_TILE
+        )
+        for i in tl.static_range(4):
+            tl.store(OUT + offs * 8 + i, tiles[i])
+            tl.store(OUT + offs * 8 + 4 + i, subtiles[i])
+
+    @pytest.mark.parametrize("block_m", [64, 128])
+    def test_boundary_subtiles_are_the_seen_part_of_the_boundary_tiles(block_m):
+        """The boundary sub-tiles a block walks (right range, then left) are exactly the
+        BOUNDARY_N-position sub-tiles of its boundary tiles that some real row of it sees."""
+        sub = BOUNDARY_N
+        per_tile = KV_TILE // sub
+        rows, want = [], []
+        for mask, window, len_q, len_kv, span_q, span_kv in _geometries(
+            torch.Generator().manual_seed(2)
+        ):
+            allowed = allowed_positions(mask, window, len_q, len_kv, span_q, span_kv)
+            for q_lo in range(0, span_q, block_m):
+                real = allowed[q_lo : min(q_lo + block_m, len_q)]
+                n_sub = triton.cdiv(allowed.shape[1], sub)
+                seen = [bool(real[:, j * sub : (j + 1) * sub].any()) for j in range(n_sub)]
+                rows.append((q_lo, len_q, len_kv, *_kernel_sides(mask, window, len_q, len_kv)))
+                want.append(seen)
+        n = triton.next_power_of_2(len(rows))
+        geom = torch.zeros(n, 6, dtype=torch.int32)
+        geom[: len(rows)] = torch.tensor(rows, dtype=torch.int32)
+        out = torch.empty(n, 8, dtype=torch.int32)
+        _subtile_ranges_kernel[(1,)](geom, out, N=n, BLOCK_M=block_m, SUB_TILE=sub)
+        for geo, seen, got in zip(rows, want, out.tolist()):
+            kv_lo, fp8_lo, fp8_hi, kv_hi, right_lo, right_hi, left_lo, left_hi = got
+            assert kv_lo * per_tile <= left_lo <= left_hi <= fp8_lo * per_tile, geo
+            assert fp8_hi * per_tile <= right_lo <= right_hi <= kv_hi * per_tile, geo
+            walked = set(range(right_lo, right_hi)) | set(range(left_lo, left_hi))
+            fp8 = set(range(fp8_lo * per_tile, fp8_hi * per_tile))
+            assert walked == {j for j, s in enumerate(seen) if s} - fp8, geo
 
     @triton.jit
     def _visible_kernel(OUT, len_kv, diag, left, right, M: tl.constexpr, N: tl.constexpr):

@@ -12,7 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import attention, formats
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
+    attention,
+    formats,
+    vt_layout,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
     exact_fp8_attention_forward,
 )
@@ -214,6 +218,23 @@ def test_launch_config_changes_no_output_bit(recipe, leaky):
     ]
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+@pytest.mark.parametrize(
+    "starts", [[0, 5, 70, 70, 133, 200], [0, 1000, 1001, 3000], [0, 37, 74, 111], [0, 3, 7]]
+)
+def test_v_layout_gather_equals_torch_path(starts):
+    """vt_layout moves the same bytes with its Triton gather (CUDA) as with torch (CPU)."""
+    gen = torch.Generator().manual_seed(len(starts))
+    t = starts[-1] + int(torch.randint(0, 20, (1,), generator=gen))
+    shape = (3, 64, t + (-t) % 16)
+    v8t = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    starts = torch.tensor(starts, dtype=torch.int32)
+    args = (starts, vt_layout.aligned_column_starts(starts))
+    width = vt_layout.aligned_width(starts.tolist())
+    want = vt_layout.align_sequence_columns(v8t, *args, width)
+    got = vt_layout.align_sequence_columns(v8t.cuda(), *(x.cuda() for x in args), width)
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
 
 
 @triton.jit

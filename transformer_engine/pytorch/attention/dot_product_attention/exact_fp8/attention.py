@@ -16,11 +16,18 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .attention_kernel import BLOCK_M_CHOICES, BLOCK_N, Q_TILE, attention_forward_kernel
+from .attention_kernel import (
+    BLOCK_M_CHOICES,
+    BLOCK_N,
+    BOUNDARY_N,
+    Q_TILE,
+    attention_forward_kernel,
+)
 from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
+from .vt_layout import ALIGN_COLUMNS, align_sequence_columns, aligned_column_starts, aligned_width
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -28,7 +35,6 @@ RECIPES = ("current", "mxfp8")
 HEAD_DIMS = (64, 128)
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
-_ALIGN_TOKENS = 16  # sequence starts at multiples of this: 16-byte aligned FP8 V^T tile rows
 
 # (block_m, num_warps, num_stages, maxnreg) per (recipe, head dim): launch parameters only.
 # block_m (query rows per program, a divisor of Q_TILE) changes no FP8 decision (taken per
@@ -59,7 +65,7 @@ class _Sequences:
     cu_kv: torch.Tensor
     cu_kv_start: torch.Tensor
     varlen: bool
-    starts_aligned: bool  # every sequence starts at a multiple of _ALIGN_TOKENS tokens
+    vt_width: Optional[int]  # V8^T columns of the aligned layout (vt_layout); None: not needed
 
 
 def exact_fp8_attention_forward(
@@ -163,13 +169,13 @@ def _sequences(
         if not cu_q.shape == cu_kv.shape == start_q.shape == start_kv.shape:
             raise ValueError("cu_seqlens_q/kv (and their padded versions) must have equal lengths")
         starts_q, starts_kv = start_q.tolist(), start_kv.tolist()
-        aligned = all(x % _ALIGN_TOKENS == 0 for x in starts_q + starts_kv)
         if max_seqlen_q is None or cu_q_padded is not None:
             max_seqlen_q = max((b - a for a, b in zip(starts_q, starts_q[1:])), default=0)
         span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
         return _Sequences(
-            cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True, aligned
-        )
+            cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True,
+            aligned_width(starts_kv),
+        )  # fmt: skip
     b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
     if k.shape[b_dim] != batch:
@@ -177,8 +183,8 @@ def _sequences(
     padding = "padding" in attn_mask_type
     cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
-    aligned = s_q % _ALIGN_TOKENS == 0 and s_kv % _ALIGN_TOKENS == 0
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, aligned)
+    vt_width = aligned_width([i * s_kv for i in range(batch + 1)])
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, vt_width)
 
 
 def _int32(x, device) -> torch.Tensor:
@@ -208,21 +214,35 @@ def _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon):
 
 
 def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
-    """V8^T [h_kv, d, t_pad] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32.
+    """V8^T [h_kv, d, t_pad] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32,
+    cu_vt [num_seqs + 1] int32: the V8^T column of each sequence's first key.
 
     Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
-    first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling].
+    first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling]. Sequences
+    start at 16-token aligned columns of V8^T (vt_layout: moved there when they do not).
     """
     v = _d_contiguous(v)
     cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
     if recipe == "mxfp8":
-        return quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
+        v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
             v, qkv_format=qkv_format, cu_seqlens=cu_seqlens
         )
-    return quantize.per_chunk_channel_cast_to_fp8_transposed(
-        v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, chunk=V_CHUNK_CURRENT,
-        use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
-    )  # fmt: skip
+    else:
+        v8t, scales, cu_chunks = quantize.per_chunk_channel_cast_to_fp8_transposed(
+            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, chunk=V_CHUNK_CURRENT,
+            use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
+        )  # fmt: skip
+    starts = seqs.cu_kv_start if seqs.varlen else _dense_starts(seqs, v.device)
+    if seqs.vt_width is None:
+        return v8t, scales, cu_chunks, starts
+    cu_vt = aligned_column_starts(starts)
+    width = max(seqs.vt_width, ALIGN_COLUMNS)
+    return align_sequence_columns(v8t, starts, cu_vt, width), scales, cu_chunks, cu_vt
+
+
+def _dense_starts(seqs, device) -> torch.Tensor:
+    """[num_seqs + 1] int32 first token of each dense sample along the flattened (b, s) axis."""
+    return torch.arange(seqs.num_seqs + 1, device=device, dtype=torch.int32) * seqs.span_kv
 
 
 def _layout_strides(x, qkv_format):
@@ -254,9 +274,9 @@ def _query_operand(q, q_fp8, qkv_format, seqs, recipe):
     return data, (stride_b, d, t * d), scale
 
 
-def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor):
+def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor, boundary_n: int):
     """Host TMA descriptors of K8 [h_kv, t, d] as [h_kv * t, d] (block [BLOCK_N, d]) and of
-    V8^T [h_kv, d, t_pad] as [h_kv * d, t_pad] (block [d, BLOCK_N]).
+    V8^T [h_kv, d, t_pad] as [h_kv * d, t_pad] (blocks [d, BLOCK_N] and [d, boundary_n]).
 
     Both are contiguous with 16-byte rows (d and t_pad are multiples of 16), as TMA requires.
     Without keys, the descriptors cover a zero tile that no program reads.
@@ -266,15 +286,22 @@ def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor):
         k8 = torch.zeros(BLOCK_N, d, dtype=k8.dtype, device=k8.device)
         v8t = torch.zeros(d, BLOCK_N, dtype=v8t.dtype, device=v8t.device)
     k_desc = TensorDescriptor.from_tensor(k8.reshape(-1, d), [BLOCK_N, d])
-    vt_desc = TensorDescriptor.from_tensor(v8t.reshape(-1, v8t.shape[-1]), [d, BLOCK_N])
-    return k_desc, vt_desc
+    v8t = v8t.reshape(-1, v8t.shape[-1])
+    vt_desc = TensorDescriptor.from_tensor(v8t, [d, BLOCK_N])
+    vt_desc_b = TensorDescriptor.from_tensor(v8t, [d, boundary_n])
+    return k_desc, vt_desc, vt_desc_b
 
 
 def _launch(
     q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
     softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, launch_config=None,
+    boundary_n=BOUNDARY_N,
 ):  # fmt: skip
-    """Run the kernel; launch_config (as the values of _LAUNCH_CONFIG) overrides the table."""
+    """Run the kernel; launch_config (as the values of _LAUNCH_CONFIG) overrides the table.
+
+    boundary_n: the boundary sub-tile width, for ablations only: unlike launch_config it changes
+    the order of the online softmax's steps, so the output bits (never what the mask hides).
+    """
     num_heads, head_dim = q.shape[-2], q.shape[-1]
     t_q = q.shape[0] if qkv_format == "thd" else q.shape[0] * q.shape[1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -283,10 +310,12 @@ def _launch(
         return out, lse.fill_(float("-inf"))
     q_op, (sqb, sqs, sqh), q_scale = _query_operand(q, q_fp8, qkv_format, seqs, recipe)
     k8, k_scale = k_fp8
-    v8t, v_scale, cu_chunks = v_fp8
+    v8t, v_scale, cu_chunks, cu_vt = v_fp8
     if recipe == "mxfp8":  # the kernel reads fp32 powers of two (exact), not E8M0 codes
         k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
-    k_desc, vt_desc = _tma_descriptors(k8, v8t)
+    if BLOCK_N % boundary_n or boundary_n % MX_BLOCK:
+        raise ValueError(f"boundary_n must divide {BLOCK_N} in multiples of {MX_BLOCK}")
+    k_desc, vt_desc, vt_desc_b = _tma_descriptors(k8, v8t, boundary_n)
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)
@@ -299,8 +328,8 @@ def _launch(
     grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, block_m))
     attention_forward_kernel[grid](
         q_op, q_scale if q_scale is not None else k_scale, k8, k_scale, v8t, v_scale, v, out, lse,
-        k_desc, vt_desc,
-        seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks,
+        k_desc, vt_desc, vt_desc_b,
+        seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks, cu_vt,
         sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
         k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),
         svb, svs, svh, sob, sos, soh, lse.stride(0),
@@ -309,8 +338,8 @@ def _launch(
         int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
         softmax_scale * 1.4426950408889634, amax_epsilon,
         HEAD_DIM=head_dim, RECIPE_MX=recipe == "mxfp8", QUANTIZE_Q=q_fp8 is None,
-        FP8_V_EVERYWHERE=fp8_v_everywhere, STARTS_ALIGNED=seqs.starts_aligned,
-        BM=block_m, BN=BLOCK_N, QT=Q_TILE,
+        FP8_V_EVERYWHERE=fp8_v_everywhere,
+        BM=block_m, BN=BLOCK_N, BNB=boundary_n, QT=Q_TILE,
         num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
     )  # fmt: skip
     return out, lse

@@ -8,7 +8,8 @@ parameter like num_warps) of one (sequence, head):
   online softmax in fp32 with exp2; P = 2^(S - m + log2(P_SCALE)) = P_SCALE * softmax numerator
 
 over the KV tiles (BLOCK_N = KV_TILE = 128 positions) that kernel_masking.kv_tile_ranges returns:
-boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V;
+boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V,
+in sub-tiles of BOUNDARY_N = 64 positions of which those hidden from the whole block are skipped;
 FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V, whose per-(chunk, channel)
 scale is applied to the product. The FP8/unquantized decision is taken per (Q_TILE, KV_TILE)
 pair, as masks.fp8_tile_map, whatever BM is. P_SCALE is folded into the exponent, so l and acc
@@ -38,14 +39,14 @@ import triton
 import triton.language as tl
 
 from .formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
-from .kernel_masking import kv_tile_ranges, sequence_geometry, visible
+from .kernel_masking import boundary_subtile_ranges, kv_tile_ranges, sequence_geometry, visible
 from .kernel_scaling import (
     e8m0_to_fp32,
     per_block_cast_to_mxfp8,
     per_token_cast_to_fp8,
 )
 
-__all__ = ["attention_forward_kernel", "BLOCK_M_CHOICES", "BLOCK_N", "Q_TILE"]
+__all__ = ["attention_forward_kernel", "BLOCK_M_CHOICES", "BLOCK_N", "BOUNDARY_N", "Q_TILE"]
 
 # Runtime scalars that take many values (lengths, windows, flags): compiled once, not per value.
 _RUNTIME_SCALARS = [
@@ -58,11 +59,17 @@ BLOCK_M_CHOICES = (64, 128)  # query rows per program: one or two warpgroups' MM
 # (K8 and the 16-bit V tile) small, so two programs fit on an SM next to the FP8 loop's buffers.
 BOUNDARY_STAGES = tl.constexpr(2)
 BLOCK_N = KV_TILE
+# Boundary tiles run in sub-tiles of this many positions; a sub-tile that no row of the program
+# sees is skipped (half of the diagonal tile for the first 64 rows of a query tile). A constant:
+# it fixes the order of the online softmax's steps, so it is part of what the output bits are.
+BOUNDARY_N = 64
 LOG2_P_SCALE = tl.constexpr(int(math.log2(P_SCALE)))
 MX_BLOCK_C = tl.constexpr(MX_BLOCK)
+V_CHUNK_C = tl.constexpr(V_CHUNK_CURRENT)
 LN2 = tl.constexpr(math.log(2.0))
 assert 2**LOG2_P_SCALE.value == P_SCALE and BLOCK_N % MX_BLOCK == 0
 assert BLOCK_N == V_CHUNK_CURRENT  # one current-scaling V chunk per FP8 KV tile
+assert BLOCK_N % BOUNDARY_N == 0 and BOUNDARY_N % MX_BLOCK == 0
 assert all(Q_TILE % block_m == 0 for block_m in BLOCK_M_CHOICES)
 
 
@@ -167,17 +174,16 @@ def _column_blocks(x, N: tl.constexpr):
 def _pv_fp8(
     acc, p, vt_tile, vs_tile, vt_desc, vt_row, vt_col, col0, len_kv, stride_vtd,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
-    VT_TMA: tl.constexpr,
 ):  # fmt: skip
     """acc + P8 . V8 with each V chunk's per-channel scale applied to its product. [BM, D] fp32.
 
-    vt_tile: the tile's first token in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
-    operand of the FP8 MMA); vs_tile: the tile's first chunk in V_SCALE [n_chunks, d]. Only the
-    leaky fp8_v_everywhere mode runs this on masked tiles (MASKED: pointer loads give 0 past len_kv).
-    vt_desc: TMA descriptor of V8^T as [h_kv * d, t_pad]; (vt_row, vt_col) int32: the tile's
-    corner in it, used by current-scaling tiles when VT_TMA (vt_col a multiple of 16: TMA boxes
-    start on 16-byte boundaries). On the leaky mode's masked tiles the box also reads keys past
-    len_kv (another sequence's, or the zero columns past t_pad): their P is exactly 0.
+    vt_tile: the tile's first column in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
+    operand of the FP8 MMA; a multiple of 16 columns); vs_tile: the tile's first chunk in
+    V_SCALE [n_chunks, d]. Only the leaky fp8_v_everywhere mode runs this on masked tiles.
+    vt_desc: TMA descriptor of V8^T as [h_kv * d, t_pad] with [d, BN] boxes; (vt_row, vt_col)
+    int32: the tile's corner in it, read by current scaling (MXFP8 reads pointers, one 32-token
+    block at a time). On the leaky mode's masked tiles the box also reads keys past len_kv (the
+    zero columns after the sequence, or the next sequence's): their P is exactly 0.
     """
     # See Note [Mask-exact FP8 scaling]: P's scale is the fixed P_SCALE, folded into p already.
     p8 = p.to(tl.float8e4nv)
@@ -197,15 +203,7 @@ def _pv_fp8(
                 v_scale = tl.load(scale_ptrs)
             acc += tl.dot(p_blocks[blk], tl.trans(v_t)) * v_scale[None, :]
     else:
-        if VT_TMA:  # masked tiles too: past len_kv, P is 0 and V8^T is finite (or 0 past t_pad)
-            v_t = vt_desc.load([vt_row, vt_col])
-        else:
-            offs_n = tl.arange(0, BN)
-            vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + offs_n[None, :]  # [D, BN]
-            if MASKED:
-                v_t = tl.load(vt_ptrs, mask=col0 + offs_n[None, :] < len_kv, other=0.0)
-            else:
-                v_t = tl.load(vt_ptrs)
+        v_t = vt_desc.load([vt_row, vt_col])  # [D, BN]; masked tiles too (P is 0 past len_kv)
         v_scale_inv = tl.load(vs_tile + offs_d)  # [D]
         acc += tl.dot(p8, tl.trans(v_t)) * v_scale_inv[None, :]
     return acc
@@ -230,26 +228,27 @@ def _pv_unquantized(
 def _attend_tiles(
     acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
-    V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr, VT_TMA: tl.constexpr,
+    V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax over the KV tiles [kv_first, kv_end) of one sequence -> (acc, l_i, m_i).
+    """Online softmax over the BN-key tiles [kv_first, kv_end) of a sequence -> (acc, l_i, m_i).
 
     kv_seq: the sequence's keys and values for this kv head, the tuple (k8_head, ks_head,
-    vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs, k_desc, vt_desc,
+    vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv, stride_vtd, stride_vs, k_desc, vt_desc,
     k_desc_row, vt_desc_row, len_kv); window: (diag, left, right) of kernel_masking.visible.
     *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
-    in V's layout; tok_kv (int64): its token-major index; chunk_kv: its first V chunk.
-    k_desc, vt_desc: TMA descriptors of K8 [h_kv * t, d] and V8^T [h_kv * d, t_pad];
-    k_desc_row (int32): the sequence's first key row in k_desc for this kv head; vt_desc_row
-    (int32): the kv head's first row in vt_desc. VT_TMA: V8^T tiles may load through vt_desc.
+    in V's layout; tok_kv (int64): its token-major index; vt_col0 (int32, a multiple of 16): its
+    column in V8^T; chunk_kv: its first V chunk. k_desc, vt_desc: TMA descriptors of K8
+    [h_kv * t, d] and V8^T [h_kv * d, t_pad] (boxes of BN keys); k_desc_row (int32): the
+    sequence's first key row in k_desc for this kv head; vt_desc_row (int32): the kv head's first
+    row in vt_desc.
     row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
     LOOP_STAGES: the loop's software pipeline depth (None: the launch's num_stages).
     """
-    k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs = kv_seq[:9]
-    k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv = kv_seq[9:]
+    k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv = kv_seq[:8]
+    stride_vtd, stride_vs, k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv = kv_seq[8:]
     diag, left, right = window
     scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
-    chunks_per_tile: tl.constexpr = BN // MX_BLOCK_C if RECIPE_MX else 1
+    v_chunk: tl.constexpr = MX_BLOCK_C if RECIPE_MX else V_CHUNK_C
     for kt in tl.range(kv_first, kv_end, num_stages=LOOP_STAGES):
         col0 = kt * BN
         tok = tok_kv + col0
@@ -271,10 +270,10 @@ def _attend_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if V_FP8:
-            vs_tile = vs_head + (chunk_kv + kt * chunks_per_tile).to(tl.int64) * HEAD_DIM
+            vs_tile = vs_head + (chunk_kv + col0 // v_chunk).to(tl.int64) * HEAD_DIM
             acc = _pv_fp8(
-                acc, p, vt_head + tok, vs_tile, vt_desc, vt_desc_row, tok.to(tl.int32), col0,
-                len_kv, stride_vtd, HEAD_DIM, BN, RECIPE_MX, MASKED, VT_TMA,
+                acc, p, vt_head + vt_col0 + col0, vs_tile, vt_desc, vt_desc_row, vt_col0 + col0,
+                col0, len_kv, stride_vtd, HEAD_DIM, BN, RECIPE_MX, MASKED,
             )  # fmt: skip
         else:
             v_tile = v_seq + col0.to(tl.int64) * stride_vs
@@ -285,16 +284,16 @@ def _attend_tiles(
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS)
 def attention_forward_kernel(
-    Q, Q_SCALE, K8, K_SCALE, V8T, V_SCALE, V, O, LSE, K_DESC, VT_DESC,
-    CU_Q, CU_Q_START, CU_KV, CU_KV_START, CU_CHUNKS,
+    Q, Q_SCALE, K8, K_SCALE, V8T, V_SCALE, V, O, LSE, K_DESC, VT_DESC, VT_DESC_B,
+    CU_Q, CU_Q_START, CU_KV, CU_KV_START, CU_CHUNKS, CU_VT,
     stride_qb, stride_qs, stride_qh, stride_qsh,
     stride_kh, stride_ksh, stride_vth, stride_vtd, stride_vsh,
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lh,
     num_heads, kv_group, dense_span_q, dense_span_kv, window_left, window_right,
     varlen, bottom_right, power_2, scores_scale, amax_epsilon,
     HEAD_DIM: tl.constexpr, RECIPE_MX: tl.constexpr, QUANTIZE_Q: tl.constexpr,
-    FP8_V_EVERYWHERE: tl.constexpr, STARTS_ALIGNED: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, QT: tl.constexpr,
+    FP8_V_EVERYWHERE: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BNB: tl.constexpr, QT: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_seqs * num_heads, query blocks of BM rows), the heaviest (last) blocks first.
 
@@ -303,12 +302,14 @@ def attention_forward_kernel(
     K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] fp32 2^(e - 127)).
     V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (MXFP8: 2^(e - 127)).
     K_DESC, VT_DESC: TMA descriptors of K8 as [h_kv * t, d] (block [BN, d]) and of V8T as
-    [h_kv * d, t_pad] (block [d, BN]), read by the complete tiles of current scaling.
+    [h_kv * d, t_pad] (block [d, BN]), read by the complete tiles of current scaling; VT_DESC_B:
+    V8T's with [d, BNB] boxes, for the boundary sub-tiles of the leaky mode (FP8_V_EVERYWHERE).
     V: unquantized, in its layout. O: Q's shape and layout. LSE [h, t_q] fp32, natural log.
-    CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence. scores_scale:
+    CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence; CU_VT: its first column in
+    V8T (a multiple of 16: vt_layout.py lays V8T out so). scores_scale:
     softmax_scale * log2(e). window_*: TE's window_size sides, kernel_masking.UNBOUNDED for -1.
     varlen, bottom_right, power_2: 0/1 flags (thd, diagonal from the real lengths' difference,
-    power-of-two Q scales). STARTS_ALIGNED: all sequence starts are multiples of 16 tokens.
+    power-of-two Q scales).
     """
     pid = tl.program_id(0)
     seq = pid // num_heads
@@ -324,12 +325,8 @@ def attention_forward_kernel(
 
     rows = q_lo + tl.arange(0, BM)
     rows_in = rows < span_q
-    tok_q0 = start_q.to(tl.int64)  # token-major index of the sequence's first query / key
-    tok_kv = start_kv.to(tl.int64)
-    if STARTS_ALIGNED:  # every sequence starts at a multiple of 16 tokens: 16-byte V8^T rows
-        tok_q0 = tl.multiple_of(tok_q0, 16)
-        tok_kv = tl.multiple_of(tok_kv, 16)
-    tok_q = tok_q0 + rows  # token-major index of each row
+    tok_kv = start_kv.to(tl.int64)  # token-major index of the sequence's first key
+    tok_q = start_q.to(tl.int64) + rows  # token-major index of each row
     # Q, V, O in their layouts: sample offset (dense; stride_*b is 0 for thd) + token offset.
     row_q = tl.where(varlen != 0, tok_q, rows.to(tl.int64))
     q_off = seq.to(tl.int64) * stride_qb + row_q * stride_qs + head * stride_qh
@@ -351,6 +348,10 @@ def attention_forward_kernel(
     kv_lo, fp8_lo, fp8_hi, kv_hi = kv_tile_ranges(
         q_lo, len_q, len_kv, diag, window_left, window_right, BM, QT, BN
     )
+    right_lo, right_hi, left_lo, left_hi = boundary_subtile_ranges(
+        q_lo, len_q, len_kv, diag, window_left, window_right, kv_lo, fp8_lo, fp8_hi, kv_hi,
+        BM, BN, BNB,
+    )  # fmt: skip
     k8_head = K8 + kv_head.to(tl.int64) * stride_kh
     ks_head = K_SCALE + kv_head.to(tl.int64) * stride_ksh
     vt_head = V8T + kv_head.to(tl.int64) * stride_vth
@@ -361,24 +362,26 @@ def attention_forward_kernel(
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
-    kv_seq = (
-        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, chunk_kv, stride_vtd, stride_vs,
-        K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv,
+    vt_col0 = tl.multiple_of(tl.load(CU_VT + seq), 16)  # 16-byte aligned V8^T rows: TMA boxes
+    kv_head_data = (
+        k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv, stride_vtd, stride_vs
     )  # fmt: skip
+    kv_seq = kv_head_data + (K_DESC, VT_DESC, k_desc_row, vt_desc_row, len_kv)
+    kv_seq_b = kv_head_data + (K_DESC, VT_DESC_B, k_desc_row, vt_desc_row, len_kv)
     window = (diag, window_left, window_right)
     # Right boundary (diagonal / sequence end) first, so that its loads are not left exposed at
     # the end of the program, then the left boundary (sliding window) and the FP8 tiles.
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_hi, kv_hi, kv_seq, window,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, right_lo, right_hi, kv_seq_b, window,
+        HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_lo, fp8_lo, kv_seq, window,
-        HEAD_DIM, BN, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES, STARTS_ALIGNED,
+        acc, l_i, m_i, q8, q_scale, row_scale, rows, left_lo, left_hi, kv_seq_b, window,
+        HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
-        HEAD_DIM, BN, RECIPE_MX, False, True, None, STARTS_ALIGNED,
+        HEAD_DIM, BN, RECIPE_MX, False, True, None,
     )  # fmt: skip
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.

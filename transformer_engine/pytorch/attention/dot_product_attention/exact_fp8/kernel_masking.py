@@ -13,13 +13,20 @@ Note [Mask-exact FP8 scaling] in formats.py): because a row's visible window [i 
 i + diag + right] moves right with i, a tile is visible to all real rows iff it is visible to the
 first row on its right edge and to the last real row on its left edge.
 
+The boundary tiles are walked in sub-tiles of SUB_TILE positions (boundary_subtile_ranges): a
+boundary tile is often half hidden from the whole block (the diagonal tile of a causal block of
+64 rows in a 128-row query tile), and its hidden sub-tiles are skipped. That changes no FP8
+decision: a boundary sub-tile multiplies the unquantized V like its tile.
+
 Window sides are passed as ints with UNBOUNDED for "no bound" (TE's -1), so no branch is needed.
 """
 
 import triton
 import triton.language as tl
 
-__all__ = ["UNBOUNDED", "sequence_geometry", "kv_tile_ranges", "visible"]
+__all__ = [
+    "UNBOUNDED", "sequence_geometry", "kv_tile_ranges", "boundary_subtile_ranges", "visible",
+]  # fmt: skip
 
 UNBOUNDED = 1 << 30
 """A window side with no bound. Row/column indices plus or minus it stay inside int32."""
@@ -51,6 +58,16 @@ def sequence_geometry(
 
 
 @triton.jit
+def _visible_columns(q_lo, len_q, len_kv, diag, left, right, BLOCK_M: tl.constexpr):
+    """(q_last, col_lo, col_hi): the block's last real row (< q_lo: none) and the positions
+    [col_lo, col_hi) that its real rows see between them (contiguous: windows move with i)."""
+    q_last = tl.minimum(q_lo + BLOCK_M, len_q) - 1
+    col_lo = tl.maximum(q_lo + diag - left, 0)
+    col_hi = tl.minimum(q_last + diag + right + 1, len_kv)
+    return q_last, col_lo, col_hi
+
+
+@triton.jit
 def kv_tile_ranges(
     q_lo, len_q, len_kv, diag, left, right,
     BLOCK_M: tl.constexpr, Q_TILE: tl.constexpr, KV_TILE: tl.constexpr,
@@ -62,9 +79,7 @@ def kv_tile_ranges(
     does). [fp8_lo, fp8_hi): the FP8 tiles, decided for the whole enclosing Q_TILE (BLOCK_M
     divides Q_TILE), so that the decision does not depend on the kernel's block size.
     """
-    q_last = tl.minimum(q_lo + BLOCK_M, len_q) - 1  # last real row (< q_lo: no real row)
-    col_lo = tl.maximum(q_lo + diag - left, 0)
-    col_hi = tl.minimum(q_last + diag + right + 1, len_kv)
+    q_last, col_lo, col_hi = _visible_columns(q_lo, len_q, len_kv, diag, left, right, BLOCK_M)
     kv_lo = col_lo // KV_TILE
     kv_hi = tl.where((q_last >= q_lo) & (col_hi > col_lo), tl.cdiv(col_hi, KV_TILE), kv_lo)
     # See Note [Mask-exact FP8 scaling]: complete tiles that every real row of the query tile
@@ -76,6 +91,30 @@ def kv_tile_ranges(
     fp8_lo = tl.minimum(tl.maximum(fp8_lo, kv_lo), kv_hi)
     fp8_hi = tl.minimum(tl.maximum(fp8_hi, fp8_lo), kv_hi)
     return kv_lo, fp8_lo, fp8_hi, kv_hi
+
+
+@triton.jit
+def boundary_subtile_ranges(
+    q_lo, len_q, len_kv, diag, left, right, kv_lo, fp8_lo, fp8_hi, kv_hi,
+    BLOCK_M: tl.constexpr, KV_TILE: tl.constexpr, SUB_TILE: tl.constexpr,
+):  # fmt: skip
+    """(right_lo, right_hi, left_lo, left_hi): SUB_TILE-position sub-tile indices of the right
+    boundary tiles [fp8_hi, kv_hi) and of the left ones [kv_lo, fp8_lo) (kv_tile_ranges), less
+    the sub-tiles that no real row of the block sees. SUB_TILE divides KV_TILE."""
+    per_tile: tl.constexpr = KV_TILE // SUB_TILE
+    _, col_lo, col_hi = _visible_columns(q_lo, len_q, len_kv, diag, left, right, BLOCK_M)
+    sub_lo = col_lo // SUB_TILE
+    sub_hi = tl.cdiv(col_hi, SUB_TILE)
+    right_lo, right_hi = _clip(fp8_hi * per_tile, kv_hi * per_tile, sub_lo, sub_hi)
+    left_lo, left_hi = _clip(kv_lo * per_tile, fp8_lo * per_tile, sub_lo, sub_hi)
+    return right_lo, right_hi, left_lo, left_hi
+
+
+@triton.jit
+def _clip(lo, hi, keep_lo, keep_hi):
+    """[lo, hi) intersected with [keep_lo, keep_hi), as a range inside [lo, hi) (lo <= hi)."""
+    new_lo = tl.minimum(tl.maximum(lo, keep_lo), hi)
+    return new_lo, tl.minimum(hi, tl.maximum(keep_hi, new_lo))
 
 
 @triton.jit
