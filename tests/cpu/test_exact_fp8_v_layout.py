@@ -57,7 +57,7 @@ def test_thd_sequences_move_to_aligned_columns(recipe):
     v = torch.randn(200, H_KV, D, generator=torch.Generator().manual_seed(0)).bfloat16()
     q = torch.zeros(200, 2 * H_KV, D, dtype=torch.bfloat16)
     seqs = attention._sequences(q, v, "thd", "padding_causal", cu, cu, None, None, None)
-    assert seqs.vt_width == 240
+    assert seqs.vt_layout == (240, 80)
     _check_moved(*_quantized(v, "thd", seqs, recipe), cu.tolist())
 
 
@@ -67,7 +67,7 @@ def test_dense_samples_move_to_aligned_columns(qkv_format):
     shape = (b, s, H_KV, D) if qkv_format == "bshd" else (s, b, H_KV, D)
     v = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).bfloat16()
     seqs = attention._sequences(v, v, qkv_format, "causal", None, None, None, None, None)
-    assert seqs.vt_width == 144
+    assert seqs.vt_layout == (144, 48)
     _check_moved(*_quantized(v, qkv_format, seqs, "current"), [0, s, 2 * s, 3 * s])
 
 
@@ -75,6 +75,6 @@ def test_aligned_starts_keep_the_quantizer_layout():
     cu = torch.tensor([0, 16, 16, 160, 173], dtype=torch.int32)  # only the end is off the grid
     v = torch.randn(173, H_KV, D, generator=torch.Generator().manual_seed(2)).bfloat16()
     seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
-    assert seqs.vt_width is None
+    assert seqs.vt_layout is None
     (v8t, _, _, cu_vt), own = _quantized(v, "thd", seqs, "current")
     assert torch.equal(_bits(v8t), _bits(own[0])) and torch.equal(cu_vt, cu)

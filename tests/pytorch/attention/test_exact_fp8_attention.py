@@ -231,9 +231,9 @@ def test_v_layout_gather_equals_torch_path(starts):
     v8t = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
     starts = torch.tensor(starts, dtype=torch.int32)
     args = (starts, vt_layout.aligned_column_starts(starts))
-    width = vt_layout.aligned_width(starts.tolist())
-    want = vt_layout.align_sequence_columns(v8t, *args, width)
-    got = vt_layout.align_sequence_columns(v8t.cuda(), *(x.cuda() for x in args), width)
+    layout = vt_layout.aligned_layout(starts.tolist())
+    want = vt_layout.align_sequence_columns(v8t, *args, layout)
+    got = vt_layout.align_sequence_columns(v8t.cuda(), *(x.cuda() for x in args), layout)
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
 
 

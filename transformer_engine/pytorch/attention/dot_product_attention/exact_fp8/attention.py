@@ -27,7 +27,12 @@ from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
-from .vt_layout import ALIGN_COLUMNS, align_sequence_columns, aligned_column_starts, aligned_width
+from .vt_layout import (
+    AlignedLayout,
+    align_sequence_columns,
+    aligned_column_starts,
+    aligned_layout,
+)
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -65,7 +70,7 @@ class _Sequences:
     cu_kv: torch.Tensor
     cu_kv_start: torch.Tensor
     varlen: bool
-    vt_width: Optional[int]  # V8^T columns of the aligned layout (vt_layout); None: not needed
+    vt_layout: Optional[AlignedLayout]  # V8^T with sequences moved to aligned columns, or None
 
 
 def exact_fp8_attention_forward(
@@ -174,7 +179,7 @@ def _sequences(
         span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
         return _Sequences(
             cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True,
-            aligned_width(starts_kv),
+            aligned_layout(starts_kv),
         )  # fmt: skip
     b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
@@ -183,8 +188,8 @@ def _sequences(
     padding = "padding" in attn_mask_type
     cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
-    vt_width = aligned_width([i * s_kv for i in range(batch + 1)])
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, vt_width)
+    vt_layout = aligned_layout([i * s_kv for i in range(batch + 1)])
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, vt_layout)
 
 
 def _int32(x, device) -> torch.Tensor:
@@ -233,11 +238,10 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
             use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
         )  # fmt: skip
     starts = seqs.cu_kv_start if seqs.varlen else _dense_starts(seqs, v.device)
-    if seqs.vt_width is None:
+    if seqs.vt_layout is None:
         return v8t, scales, cu_chunks, starts
     cu_vt = aligned_column_starts(starts)
-    width = max(seqs.vt_width, ALIGN_COLUMNS)
-    return align_sequence_columns(v8t, starts, cu_vt, width), scales, cu_chunks, cu_vt
+    return align_sequence_columns(v8t, starts, cu_vt, seqs.vt_layout), scales, cu_chunks, cu_vt
 
 
 def _dense_starts(seqs, device) -> torch.Tensor:

@@ -9,13 +9,17 @@ each span rounded up to ALIGN_COLUMNS, and the columns between them are 0. Value
 unchanged: this is a copy, not a quantization decision.
 """
 
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-__all__ = ["ALIGN_COLUMNS", "aligned_width", "aligned_column_starts", "align_sequence_columns"]
+__all__ = [
+    "ALIGN_COLUMNS", "AlignedLayout", "aligned_layout", "aligned_column_starts",
+    "align_sequence_columns",
+]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
 
@@ -24,20 +28,51 @@ def _round_up(x):
     return -(-x // ALIGN_COLUMNS) * ALIGN_COLUMNS
 
 
-def aligned_width(starts: List[int]) -> Optional[int]:
+class AlignedLayout(NamedTuple):
+    width: int  # columns of the aligned V8^T (a multiple of ALIGN_COLUMNS, > 0)
+    widest_slot: int  # the largest rounded-up span
+
+
+def aligned_layout(starts: List[int]) -> Optional[AlignedLayout]:
     """starts [num_seqs + 1]: the sequences' first tokens, then the end of the last. None if every
-    sequence starts on a multiple of ALIGN_COLUMNS, else the columns that the sequences take when
-    laid end to end with each span rounded up to a multiple of ALIGN_COLUMNS."""
+    sequence starts on a multiple of ALIGN_COLUMNS, else the layout of the sequences laid end to
+    end with each span rounded up to a multiple of ALIGN_COLUMNS (some span is then not 0)."""
     if all(x % ALIGN_COLUMNS == 0 for x in starts[:-1]):
         return None
-    return sum(_round_up(b - a) for a, b in zip(starts, starts[1:]))
+    slots = [_round_up(b - a) for a, b in zip(starts, starts[1:])]
+    return AlignedLayout(sum(slots), max(slots))
 
 
 def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
-    """[num_seqs + 1] int32 on starts' device (no host sync): each sequence's first column when
-    laid end to end with spans rounded up to ALIGN_COLUMNS (the last entry: aligned_width)."""
-    spans = _round_up(starts[1:] - starts[:-1])
-    return torch.cat([starts.new_zeros(1), spans.cumsum(0)]).to(torch.int32)
+    """[num_seqs + 1] int32 on starts' device (no host sync): each sequence's first column in the
+    aligned layout (the last entry: its width)."""
+    slots = (starts[1:] - starts[:-1] + ALIGN_COLUMNS - 1) // ALIGN_COLUMNS * ALIGN_COLUMNS
+    return F.pad(torch.cumsum(slots, 0, dtype=torch.int32), (1, 0))
+
+
+@triton.jit
+def _move_columns_kernel(
+    SRC, DST, STARTS, VT_STARTS, n_rows, src_cols, src_stride, dst_stride,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Columns [c0, c0 + BLOCK_C) of sequence program_id(1)'s aligned slot, rows of one block:
+    DST[r, vt_start + c] = SRC[r, start + c] for c < span, 0 for span <= c < slot (bytes)."""
+    seq = tl.program_id(1)
+    c0 = tl.program_id(2) * BLOCK_C
+    start = tl.load(STARTS + seq)
+    span = tl.load(STARTS + seq + 1) - start
+    vt_start = tl.load(VT_STARTS + seq)
+    slot = tl.load(VT_STARTS + seq + 1) - vt_start
+    if c0 >= slot:
+        return
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = c0 + tl.arange(0, BLOCK_C)
+    rows_ok = rows[:, None] < n_rows
+    src = SRC + rows[:, None].to(tl.int64) * src_stride + start + cols[None, :]
+    x = tl.load(src, mask=rows_ok & (cols[None, :] < span) & (start + cols[None, :] < src_cols))
+    x = tl.where(cols[None, :] < span, x, 0)
+    dst = DST + rows[:, None].to(tl.int64) * dst_stride + vt_start + cols[None, :]
+    tl.store(dst, x, mask=rows_ok & (cols[None, :] < slot))
 
 
 def _source_columns(starts, vt_starts, width, src_width) -> torch.Tensor:
@@ -51,39 +86,27 @@ def _source_columns(starts, vt_starts, width, src_width) -> torch.Tensor:
     return torch.where(keep, src, -1).to(torch.int32)
 
 
-@triton.jit
-def _gather_columns_kernel(
-    SRC, DST, COLS, n_rows, n_cols, src_stride, dst_stride,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """DST[r, c] = SRC[r, COLS[c]] (0 where COLS[c] < 0), bytes, one [BLOCK_R, BLOCK_C] block."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    src_cols = tl.load(COLS + cols, mask=cols < n_cols, other=-1)
-    rows_ok = rows[:, None] < n_rows
-    src = SRC + rows[:, None].to(tl.int64) * src_stride + src_cols[None, :]
-    x = tl.load(src, mask=rows_ok & (src_cols[None, :] >= 0), other=0)
-    dst = DST + rows[:, None].to(tl.int64) * dst_stride + cols[None, :]
-    tl.store(dst, x, mask=rows_ok & (cols[None, :] < n_cols))
-
-
 def align_sequence_columns(
-    v8t: torch.Tensor, starts: torch.Tensor, vt_starts: torch.Tensor, width: int
+    v8t: torch.Tensor, starts: torch.Tensor, vt_starts: torch.Tensor, layout: AlignedLayout
 ) -> torch.Tensor:
-    """V8^T [h_kv, d, t_pad] -> [h_kv, d, width] with sequence n's columns moved to vt_starts[n].
-
-    starts, vt_starts [num_seqs + 1] int32 on v8t's device: the sequences' first token (their
-    columns in v8t) and their new first column (multiples of ALIGN_COLUMNS, width the last).
-    """
+    """V8^T [h_kv, d, t_pad] -> [h_kv, d, layout.width], sequence n's columns moved to
+    vt_starts[n] (aligned_column_starts(starts)); starts [num_seqs + 1] int32 on v8t's device:
+    the sequences' first tokens (their columns in v8t)."""
     h, d, t_pad = v8t.shape
-    cols = _source_columns(starts, vt_starts, width, t_pad)
     src = v8t.view(torch.uint8).reshape(h * d, t_pad)
     if not v8t.is_cuda:  # the CPU (torch) path of the quantizer
+        cols = _source_columns(starts, vt_starts, layout.width, t_pad)
         data = src.index_select(1, cols.clamp(min=0).long()) * (cols >= 0).to(torch.uint8)
-        return data.reshape(h, d, width).view(v8t.dtype)
-    out = torch.empty(h * d, width, dtype=torch.uint8, device=v8t.device)
-    grid = (triton.cdiv(h * d, 32), triton.cdiv(width, 256))
-    _gather_columns_kernel[grid](
-        src, out, cols, h * d, width, src.stride(0), out.stride(0), BLOCK_R=32, BLOCK_C=256
+        return data.reshape(h, d, layout.width).view(v8t.dtype)
+    out = torch.empty(h * d, layout.width, dtype=torch.uint8, device=v8t.device)
+    block_r, block_c = 32, 256
+    grid = (
+        triton.cdiv(h * d, block_r),
+        starts.numel() - 1,
+        triton.cdiv(layout.widest_slot, block_c),
     )
-    return out.reshape(h, d, width).view(v8t.dtype)
+    _move_columns_kernel[grid](
+        src, out, starts, vt_starts, h * d, t_pad, src.stride(0), out.stride(0),
+        BLOCK_R=block_r, BLOCK_C=block_c,
+    )  # fmt: skip
+    return out.reshape(h, d, layout.width).view(v8t.dtype)
