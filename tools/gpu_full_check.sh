@@ -3,7 +3,7 @@
 # upstream TE 2.20.2 is staged (shared/device/upstream-te.sh; the TE steps load it through
 # tools/gpu_fork_env.sh, the kernel steps run without it):
 #
-#   OUT=/some/dir bash tools/gpu_full_check.sh
+#   OUT=/some/dir bash tools/gpu_full_check.sh      (upstream TE's environment not sourced)
 #
 # 1. TE integration tests            tools/gpu_te_check.sh
 # 2. causality audit through TE      STEPS=audit tools/gpu_audit_bench.sh
@@ -43,6 +43,17 @@ quantize_tests() {
   PYTHONPATH="$ROOT/build/exact_fp8/lib:$ROOT${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q \
     -p no:cacheprovider tests/pytorch/attention/test_exact_fp8_quantize.py
 }
+
+# The kernel steps import this repository's exact_fp8 package, which an upstream TE package on
+# PYTHONPATH shadows (the TE steps load upstream TE themselves): refuse to start with one there.
+IFS=: read -ra path_entries <<< "${PYTHONPATH:-}"
+for entry in "${path_entries[@]}"; do
+  if [ -n "$entry" ] && [ -f "$entry/transformer_engine/__init__.py" ]; then
+    echo "PYTHONPATH holds a transformer_engine package ($entry): run this script without" \
+      "upstream TE's environment sourced" >&2
+    exit 2
+  fi
+done
 
 cd "$ROOT"
 step te bash tools/gpu_te_check.sh
