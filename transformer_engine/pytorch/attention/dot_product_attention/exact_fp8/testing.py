@@ -1,10 +1,10 @@
 """Numeric helpers shared by the tests, the benchmarks and the causality audit."""
 
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
-__all__ = ["prefix_change", "rel_frobenius_error", "cosine_similarity"]
+__all__ = ["prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference"]
 
 
 def prefix_change(
@@ -31,3 +31,20 @@ def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Cosine of the angle between the flattened tensors, in fp64."""
     out, ref = out.double().flatten(), ref.double().flatten()
     return float(out @ ref / (out.norm() * ref.norm()))
+
+
+def aligned_columns_reference(
+    v8t: torch.Tensor, starts: List[int]
+) -> Tuple[torch.Tensor, List[int]]:
+    """What vt_layout.align_sequence_columns must give, built slice by slice: (bytes [h, d, width]
+    uint8, each sequence's first column). v8t [h, d, t_pad] FP8 with sequence n in the columns
+    [starts[n], starts[n + 1]); each span goes to the next multiple of 16, the rest is 0."""
+    spans = [b - a for a, b in zip(starts, starts[1:])]
+    cols = [0]
+    for span in spans:
+        cols.append(cols[-1] + (span + 15) // 16 * 16)
+    src = v8t.view(torch.uint8)
+    out = torch.zeros(src.shape[:-1] + (cols[-1],), dtype=torch.uint8)
+    for n, span in enumerate(spans):
+        out[..., cols[n] : cols[n] + span] = src[..., starts[n] : starts[n] + span].cpu()
+    return out, cols

@@ -75,29 +75,15 @@ def _move_columns_kernel(
     tl.store(dst, x, mask=rows_ok & (cols[None, :] < slot))
 
 
-def _source_columns(starts, vt_starts, width, src_width) -> torch.Tensor:
-    """[width] int32: the source column of each new column, -1 where the new column is 0."""
-    num_seqs = starts.numel() - 1
-    col = torch.arange(width, device=starts.device, dtype=torch.int32)
-    seq = torch.searchsorted(vt_starts[1:], col, right=True).clamp_(max=num_seqs - 1)
-    offset = col - vt_starts[seq]
-    src = starts[seq] + offset
-    keep = (offset < starts[seq + 1] - starts[seq]) & (src < src_width)
-    return torch.where(keep, src, -1).to(torch.int32)
-
-
 def align_sequence_columns(
     v8t: torch.Tensor, starts: torch.Tensor, vt_starts: torch.Tensor, layout: AlignedLayout
 ) -> torch.Tensor:
     """V8^T [h_kv, d, t_pad] -> [h_kv, d, layout.width], sequence n's columns moved to
     vt_starts[n] (aligned_column_starts(starts)); starts [num_seqs + 1] int32 on v8t's device:
-    the sequences' first tokens (their columns in v8t)."""
+    the sequences' first tokens (their columns in v8t). CUDA tensors, or CPU ones under
+    TRITON_INTERPRET=1 (as the attention kernel)."""
     h, d, t_pad = v8t.shape
     src = v8t.view(torch.uint8).reshape(h * d, t_pad)
-    if not v8t.is_cuda:  # the CPU (torch) path of the quantizer
-        cols = _source_columns(starts, vt_starts, layout.width, t_pad)
-        data = src.index_select(1, cols.clamp(min=0).long()) * (cols >= 0).to(torch.uint8)
-        return data.reshape(h, d, layout.width).view(v8t.dtype)
     out = torch.empty(h * d, layout.width, dtype=torch.uint8, device=v8t.device)
     block_r, block_c = 32, 256
     grid = (
