@@ -11,12 +11,16 @@ import torch
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
     quantize as Q,
     quantize_reference as ref,
+    vt_layout,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
     cast_to_e4m3,
     compute_scale_from_amax,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import SeqLayout
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+    aligned_columns_reference,
+)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,34 @@ def test_per_chunk_thd_sequences_and_unowned_tail():
     assert torch.equal(_bits(data_t[:, :, :45]), _bits(ref_data.permute(1, 2, 0)))
     assert not _bits(data_t[:, :, 45:]).any()
     assert torch.equal(scale_inv, ref_scale_inv.transpose(0, 1))
+
+
+@pytest.mark.parametrize("mx", [False, True])
+@pytest.mark.parametrize(
+    "qkv_format,starts", [("thd", [0, 5, 70, 70, 133, 200]), ("bshd", [0, 37, 74, 111])]
+)
+def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
+    """aligned_columns=True: the plain layout's bytes, each sequence on a 16-aligned column
+    (vt_layout), zeros between; the scales and chunks are the same."""
+    v = _x(starts[-1] + 9, 2, 64, dtype=torch.float16, seed=4)
+    kw = dict(qkv_format="thd", cu_seqlens=torch.tensor(starts, dtype=torch.int32))
+    if qkv_format == "bshd":
+        v, kw = v[: starts[-1]].reshape(len(starts) - 1, starts[1], 2, 64), dict(qkv_format="bshd")
+    cast = (
+        Q.per_chunk_cast_to_mxfp8_columnwise_transposed
+        if mx
+        else Q.per_chunk_channel_cast_to_fp8_transposed
+    )
+    plain = cast(v, **kw)
+    aligned = cast(v, aligned_columns=True, **kw)
+    expected, columns = aligned_columns_reference(plain[0], starts)
+    assert columns == vt_layout.aligned_column_starts_list(starts)
+    assert all(c % vt_layout.ALIGN_COLUMNS == 0 for c in columns)
+    assert torch.equal(aligned[0].view(torch.uint8), expected)
+    assert torch.equal(aligned[1], plain[1])  # fp32 scale_inv or E8M0 codes, all finite
+    assert torch.equal(aligned[2], plain[2])
+    device_columns = vt_layout.aligned_column_starts(torch.tensor(starts, dtype=torch.int32))
+    assert device_columns.tolist() == columns
 
 
 def test_mx_columnwise_sbhd_matches_reference():

@@ -15,7 +15,6 @@ import triton.language as tl
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
     attention,
     formats,
-    vt_layout,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
     exact_fp8_attention_forward,
@@ -39,7 +38,6 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenar
     build_scenario,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
-    aligned_columns_reference,
     prefix_change,
     rel_frobenius_error,
 )
@@ -219,23 +217,6 @@ def test_launch_config_changes_no_output_bit(recipe, leaky):
     ]
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
-
-
-@pytest.mark.parametrize(
-    "starts", [[0, 5, 70, 70, 133, 200], [0, 1000, 1001, 3000], [0, 37, 74, 111], [0, 3, 7]]
-)
-def test_v_layout_move_on_the_gpu(starts):
-    """vt_layout's Triton move on the GPU gives the reference layout byte for byte."""
-    gen = torch.Generator().manual_seed(len(starts))
-    t = starts[-1] + int(torch.randint(0, 20, (1,), generator=gen))
-    shape = (3, 64, t + (-t) % 16)
-    v8t = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    expected, cols = aligned_columns_reference(v8t, starts)
-    cu = torch.tensor(starts, dtype=torch.int32).cuda()
-    cu_vt = vt_layout.aligned_column_starts(cu)
-    got = vt_layout.align_sequence_columns(v8t.cuda(), cu, cu_vt, vt_layout.aligned_layout(starts))
-    assert cu_vt.tolist() == cols
-    assert torch.equal(got.cpu().view(torch.uint8), expected)
 
 
 @triton.jit

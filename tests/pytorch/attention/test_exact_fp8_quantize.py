@@ -140,9 +140,11 @@ def test_rowwise_layout_matches_reference_functions(qkv_format):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("chunk", Q.CHUNK_SIZES)
-def test_per_chunk_channel_matches_reference(qkv_format, dtype, d, chunk):
+@pytest.mark.parametrize("aligned", [False, True])
+def test_per_chunk_channel_matches_reference(qkv_format, dtype, d, chunk, aligned):
+    """aligned: vt_layout's aligned layout (CU_SEQLENS and seqlen 150 start off the 16-grid)."""
     v, cu = _make(qkv_format, dtype, d, torch.Generator().manual_seed(chunk + d))
-    kw = dict(qkv_format=qkv_format, cu_seqlens=cu, chunk=chunk)
+    kw = dict(qkv_format=qkv_format, cu_seqlens=cu, chunk=chunk, aligned_columns=aligned)
     assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
 
 
@@ -157,9 +159,10 @@ def test_per_chunk_channel_scale_options(qkv_format, pow2, eps):
 @pytest.mark.parametrize("qkv_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", (32, 64, 96, 128, 256, 1024))
-def test_mxfp8_columnwise_matches_reference(qkv_format, dtype, d):
+@pytest.mark.parametrize("aligned", [False, True])
+def test_mxfp8_columnwise_matches_reference(qkv_format, dtype, d, aligned):
     v, cu = _make(qkv_format, dtype, d, torch.Generator().manual_seed(d + 7))
-    kw = dict(qkv_format=qkv_format, cu_seqlens=cu)
+    kw = dict(qkv_format=qkv_format, cu_seqlens=cu, aligned_columns=aligned)
     assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, v, **kw))
 
 
@@ -201,9 +204,10 @@ def _large(case):
 @pytest.mark.parametrize("case", ["bshd", "thd", "element_loads"])
 def test_large_inputs_match_reference(case):
     v, qkv_format, cu = _large(case)
-    kw = dict(qkv_format=qkv_format, cu_seqlens=cu)
-    assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
-    assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, v, **kw))
+    for aligned in (False, True):
+        kw = dict(qkv_format=qkv_format, cu_seqlens=cu, aligned_columns=aligned)
+        assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
+        assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, v, **kw))
     assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
 

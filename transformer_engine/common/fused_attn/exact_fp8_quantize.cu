@@ -96,14 +96,16 @@ std::string check_chunks(const NVTEExactFP8TokenView &v, const NVTEExactFP8Chunk
   return "";
 }
 
-std::string check_transposed_output(const NVTEExactFP8TokenView &v, const void *data_t,
-                                    int64_t stride, const void *scales, int64_t num_chunks) {
+std::string check_transposed_output(const NVTEExactFP8TokenView &v,
+                                    const NVTEExactFP8Chunks &c, const void *data_t,
+                                    int64_t stride, const void *scales) {
   std::string err = check_output(data_t, stride > 0, "data_t");
-  if (err.empty()) err = check_output(scales, num_chunks > 0, "scales");
+  if (err.empty()) err = check_output(scales, c.num_chunks > 0, "scales");
   if (!err.empty()) return err;
-  if (stride % 16 != 0 || stride < v.batch * v.seqlen) {
-    return "data_t_stride must be a multiple of 16 and at least the token count " +
-           num(v.batch * v.seqlen) + ", got " + num(stride);
+  if (stride % 16 != 0) return "data_t_stride must be a multiple of 16, got " + num(stride);
+  if (c.columns == nullptr && stride < v.batch * v.seqlen) {
+    return "data_t_stride must be at least the token count " + num(v.batch * v.seqlen) +
+           " (token i in column i), got " + num(stride);
   }
   return "";
 }
@@ -183,7 +185,7 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_channel_cast_transposed(
     if (err.empty()) err = ef::check_current_head_dim(v->head_dim);
     if (err.empty()) err = ef::check_chunks(*v, chunks);
     if (err.empty()) {
-      err = ef::check_transposed_output(*v, data_t, data_t_stride, scale_inv, chunks->num_chunks);
+      err = ef::check_transposed_output(*v, *chunks, data_t, data_t_stride, scale_inv);
     }
     if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
     const ScaleOptions opts{use_power_2_scales != 0, amax_epsilon};
@@ -207,7 +209,7 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
       err = "MXFP8 chunks are 32 tokens (one E8M0 block), got " + ef::num(chunks->chunk);
     }
     if (err.empty()) {
-      err = ef::check_transposed_output(*v, data_t, data_t_stride, scales, chunks->num_chunks);
+      err = ef::check_transposed_output(*v, *chunks, data_t, data_t_stride, scales);
     }
     if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
     return ef::finish(

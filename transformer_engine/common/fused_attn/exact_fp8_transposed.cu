@@ -42,6 +42,7 @@ struct ChunkParams {
   int head_dim;               // a multiple of kChannelsPerWarp (checked by the C API)
   const int32_t *cu_seqlens;  // [num_seqs + 1] token offsets; null: one sequence per sample
   const int32_t *cu_chunks;   // [num_seqs + 1] chunk offsets (with cu_seqlens)
+  const int32_t *columns;     // [num_seqs + 1] first column of each sequence; null: token index
   int num_seqs;
   int num_chunks;
   int chunks_per_sample;  // without cu_seqlens
@@ -57,7 +58,7 @@ struct ChunkParams {
 /* Where a chunk's tokens are. */
 struct ChunkSpan {
   int64_t src_offset;  // elements from the view's origin to the chunk's first token
-  int64_t column;      // column of that token in data_t (its token index)
+  int64_t column;      // column of that token in data_t (its token index, or aligned)
   int len;             // tokens in the chunk (the last chunk of a sequence may be short)
 };
 
@@ -66,8 +67,10 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
   if (p.cu_seqlens == nullptr) {
     const int sample = chunk / p.chunks_per_sample;
     const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
-    return {sample * p.stride_batch + first * p.stride_seq,
-            static_cast<int64_t>(sample) * p.seqlen + first, min(kChunk, p.seqlen - first)};
+    const int64_t column0 = p.columns != nullptr ? __ldg(p.columns + sample)
+                                                 : static_cast<int64_t>(sample) * p.seqlen;
+    return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
+            min(kChunk, p.seqlen - first)};
   }
   // The sequence of `chunk`: the last n with cu_chunks[n] <= chunk (skips empty sequences).
   int lo = 0;
@@ -80,9 +83,11 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
       hi = mid - 1;
     }
   }
-  const int first = __ldg(p.cu_seqlens + lo) + (chunk - __ldg(p.cu_chunks + lo)) * kChunk;
+  const int start = __ldg(p.cu_seqlens + lo);
+  const int first = start + (chunk - __ldg(p.cu_chunks + lo)) * kChunk;
   const int end = __ldg(p.cu_seqlens + lo + 1);
-  return {first * p.stride_seq, first, min(kChunk, end - first)};
+  const int64_t column = p.columns != nullptr ? __ldg(p.columns + lo) + (first - start) : first;
+  return {first * p.stride_seq, column, min(kChunk, end - first)};
 }
 
 /* What one lane quantizes: 16 tokens (one token group of a chunk) x 8 channels of one head. */
@@ -217,7 +222,9 @@ __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow
 }
 
 /* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
- * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. */
+ * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. In the
+ * aligned layout the columns after a sequence's last token up to the next multiple of 16 are
+ * padding: the lane of that last token writes them 0. */
 __device__ void store_channel(const ChunkParams &p, int head, int channel, int64_t column,
                               int valid, const uint32_t (&bytes)[4]) {
   if (valid <= 0) return;
@@ -227,16 +234,18 @@ __device__ void store_channel(const ChunkParams &p, int head, int channel, int64
     *reinterpret_cast<uint4 *>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
     return;
   }
+  const int written = p.columns != nullptr ? kTokensPerLane : valid;
 #pragma unroll
   for (int j = 0; j < kTokensPerLane; ++j) {
-    if (j < valid) dst[j] = static_cast<uint8_t>(bytes[j / 4] >> (8 * (j % 4)));
+    if (j < written) dst[j] = j < valid ? static_cast<uint8_t>(bytes[j / 4] >> (8 * (j % 4))) : 0;
   }
 }
 
-/* The head's columns of data_t that belong to no sequence (past the last token, up to the row
- * stride). */
+/* The head's columns of data_t that belong to no sequence (past the last token, or past the
+ * last sequence's aligned columns, up to the row stride). */
 __device__ void zero_unowned_columns(const ChunkParams &p, int head) {
-  const int64_t end = p.cu_seqlens != nullptr ? __ldg(p.cu_seqlens + p.num_seqs) : p.tokens;
+  int64_t end = p.cu_seqlens != nullptr ? __ldg(p.cu_seqlens + p.num_seqs) : p.tokens;
+  if (p.columns != nullptr) end = __ldg(p.columns + p.num_seqs);
   const int64_t width = p.data_t_stride - end;
   uint8_t *rows = p.data_t + static_cast<int64_t>(head) * p.head_dim * p.data_t_stride + end;
   for (int64_t k = threadIdx.x; k < width * p.head_dim; k += blockDim.x) {
@@ -341,6 +350,7 @@ cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8Token
                       static_cast<int>(v.head_dim),
                       chunks.cu_seqlens,
                       chunks.cu_chunks,
+                      chunks.columns,
                       static_cast<int>(chunks.num_seqs),
                       static_cast<int>(chunks.num_chunks),
                       static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk),

@@ -45,9 +45,13 @@ NVTEExactFP8TokenView token_view(uintptr_t data, int dtype, int64_t batch, int64
 }
 
 NVTEExactFP8Chunks chunks(uintptr_t cu_seqlens, uintptr_t cu_chunks, int64_t num_seqs,
-                          int64_t num_chunks, int32_t chunk) {
-  return NVTEExactFP8Chunks{as_ptr<const int32_t>(cu_seqlens), as_ptr<const int32_t>(cu_chunks),
-                            num_seqs, num_chunks, chunk};
+                          int64_t num_chunks, int32_t chunk, uintptr_t columns) {
+  return NVTEExactFP8Chunks{as_ptr<const int32_t>(cu_seqlens),
+                            as_ptr<const int32_t>(cu_chunks),
+                            num_seqs,
+                            num_chunks,
+                            chunk,
+                            as_ptr<const int32_t>(columns)};
 }
 
 }  // namespace
@@ -66,9 +70,9 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
 
   py::class_<NVTEExactFP8Chunks>(m, "Chunks",
                                  "Sequences and chunk size of a per-chunk cast (cu_seqlens 0: "
-                                 "one sequence per sample).")
+                                 "one sequence per sample; columns 0: token i in column i).")
       .def(py::init(&chunks), py::arg("cu_seqlens"), py::arg("cu_chunks"), py::arg("num_seqs"),
-           py::arg("num_chunks"), py::arg("chunk"));
+           py::arg("num_chunks"), py::arg("chunk"), py::arg("columns") = 0);
 
   m.def(
       "per_token_cast",

@@ -63,6 +63,13 @@ typedef struct {
  *   ceil((cu_seqlens[n + 1] - cu_seqlens[n]) / chunk); num_chunks == cu_chunks[num_seqs].
  *   The device arrays are not read back by the host: the caller guarantees these relations.
  * Chunk c of sequence n holds its tokens [c * chunk, min((c + 1) * chunk, length)).
+ *
+ * columns (transposed outputs only): NULL, and token i goes to column i of data_t; or device
+ *   int32 [num_seqs + 1], the aligned layout: columns[0] == 0 and columns[n + 1] == columns[n] +
+ *   (length of sequence n, rounded up to a multiple of 16), with columns[num_seqs] <=
+ *   data_t_stride. Sequence n's token j then goes to column columns[n] + j, so that every
+ *   sequence starts on a 16-byte boundary; the columns after each sequence up to the next
+ *   multiple of 16, and those from columns[num_seqs] on, are set to 0.
  */
 typedef struct {
   const int32_t *cu_seqlens;
@@ -70,6 +77,7 @@ typedef struct {
   int64_t num_seqs;
   int64_t num_chunks;
   int32_t chunk;
+  const int32_t *columns;
 } NVTEExactFP8Chunks;
 
 /*
@@ -98,7 +106,8 @@ NVTEExactFP8Status nvte_exact_fp8_per_block_cast_mxfp8_rowwise(const NVTEExactFP
  * transposed (token axis last) for the attention kernel's P.V product.
  * v: head_dim in {64, 128, 256}; chunks->chunk in {16, 32, 64, 128}.
  * data_t:    [heads, head_dim, data_t_stride] E4M3 bytes, 16-byte aligned; data_t_stride is a
- *            multiple of 16 and at least batch * seqlen. Columns of no sequence are set to 0.
+ *            multiple of 16, and at least batch * seqlen when chunks->columns is NULL (token i
+ *            in column i). Columns of no sequence are set to 0.
  * scale_inv: [heads, num_chunks, head_dim] fp32, 1 / scale.
  */
 NVTEExactFP8Status nvte_exact_fp8_per_chunk_channel_cast_transposed(

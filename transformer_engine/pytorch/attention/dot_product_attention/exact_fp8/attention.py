@@ -27,12 +27,7 @@ from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
-from .vt_layout import (
-    AlignedLayout,
-    align_sequence_columns,
-    aligned_column_starts,
-    aligned_layout,
-)
+from .vt_layout import aligned_column_starts, needs_alignment
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -70,7 +65,7 @@ class _Sequences:
     cu_kv: torch.Tensor
     cu_kv_start: torch.Tensor
     varlen: bool
-    vt_layout: Optional[AlignedLayout]  # V8^T with sequences moved to aligned columns, or None
+    align_v: bool  # V8^T in vt_layout's aligned layout (some sequence starts off the 16-grid)
 
 
 def exact_fp8_attention_forward(
@@ -179,7 +174,7 @@ def _sequences(
         span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
         return _Sequences(
             cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True,
-            aligned_layout(starts_kv),
+            needs_alignment(starts_kv),
         )  # fmt: skip
     b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
@@ -188,8 +183,8 @@ def _sequences(
     padding = "padding" in attn_mask_type
     cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
-    vt_layout = aligned_layout([i * s_kv for i in range(batch + 1)])
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, vt_layout)
+    align_v = needs_alignment([i * s_kv for i in range(batch + 1)])
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, align_v)
 
 
 def _int32(x, device) -> torch.Tensor:
@@ -219,29 +214,29 @@ def _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon):
 
 
 def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
-    """V8^T [h_kv, d, t_pad] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32,
+    """V8^T [h_kv, d, width] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32,
     cu_vt [num_seqs + 1] int32: the V8^T column of each sequence's first key.
 
     Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
     first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling]. Sequences
-    start at 16-token aligned columns of V8^T (vt_layout: moved there when they do not).
+    start at 16-token aligned columns of V8^T: the quantizer writes vt_layout's aligned layout
+    when some sequence's first token is not on the 16-grid.
     """
     v = _d_contiguous(v)
     cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
     if recipe == "mxfp8":
         v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
-            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens
+            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, aligned_columns=seqs.align_v
         )
     else:
         v8t, scales, cu_chunks = quantize.per_chunk_channel_cast_to_fp8_transposed(
             v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, chunk=V_CHUNK_CURRENT,
             use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
+            aligned_columns=seqs.align_v,
         )  # fmt: skip
     starts = seqs.cu_kv_start if seqs.varlen else _dense_starts(seqs, v.device)
-    if seqs.vt_layout is None:
-        return v8t, scales, cu_chunks, starts
-    cu_vt = aligned_column_starts(starts)
-    return align_sequence_columns(v8t, starts, cu_vt, seqs.vt_layout), scales, cu_chunks, cu_vt
+    cu_vt = aligned_column_starts(starts) if seqs.align_v else starts
+    return v8t, scales, cu_chunks, cu_vt
 
 
 def _dense_starts(seqs, device) -> torch.Tensor:

@@ -23,6 +23,7 @@ from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
 from .masks import SeqLayout
 from .reference_attention import to_tokens
+from .vt_layout import aligned_column_starts_list
 
 try:
     import transformer_engine_exact_fp8 as _ext
@@ -305,21 +306,38 @@ def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> t
     return torch.tensor(seqs.cu_chunks(chunk), dtype=torch.int32, device=device)
 
 
-def _chunked_cast_transposed(v, qkv_format, cu_seqlens, chunk, backend, current, **scale_kw):
+def _output_columns(seqs: _Sequences, geo: _Geometry, aligned: bool) -> Tuple[List[int], int]:
+    """(each sequence's first column in data_t, then the end of the last; data_t's width).
+
+    Token i in column i (width: t rounded up to TOKEN_PAD), or with `aligned` the layout of
+    vt_layout.aligned_column_starts_list: each sequence on a multiple of ALIGN_COLUMNS."""
+    starts = list(seqs.layout.starts) + [seqs.layout.total]
+    if not aligned:
+        return starts, -(-geo.tokens // TOKEN_PAD) * TOKEN_PAD
+    columns = aligned_column_starts_list(starts)
+    return columns, columns[-1]
+
+
+def _chunked_cast_transposed(
+    v, qkv_format, cu_seqlens, chunk, backend, current, aligned_columns, **scale_kw
+):
     """Common body of the two V casts; `current` picks the current (else the MXFP8) rule."""
     geo = _geometry(v, qkv_format, "v")
     (_check_current_head_dim if current else _check_mx_head_dim)(geo.head_dim, "v")
     if chunk not in CHUNK_SIZES:
         raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
     seqs = _sequences(v, geo, qkv_format, cu_seqlens)
-    t_pad = -(-geo.tokens // TOKEN_PAD) * TOKEN_PAD
+    columns, width = _output_columns(seqs, geo, aligned_columns)
     num_chunks = seqs.cu_chunks(chunk)[-1]
     scale_dtype = torch.float32 if current else torch.uint8
     if _use_cuda(backend, v):
         cu_chunks = _device_cu_chunks(seqs, geo, chunk, v.device)
-        data_t = torch.empty(geo.heads, geo.head_dim, t_pad, dtype=_FP8, device=v.device)
+        data_t = torch.empty(geo.heads, geo.head_dim, width, dtype=_FP8, device=v.device)
         scales = torch.empty(
             geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
+        )
+        device_columns = (
+            torch.tensor(columns, dtype=torch.int32, device=v.device) if aligned_columns else None
         )
         chunks = _ext.Chunks(
             cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
@@ -327,6 +345,7 @@ def _chunked_cast_transposed(v, qkv_format, cu_seqlens, chunk, backend, current,
             num_seqs=seqs.layout.num_seqs,
             num_chunks=num_chunks,
             chunk=chunk,
+            columns=0 if device_columns is None else device_columns.data_ptr(),
         )
         if current:
             kernel = _ext.per_chunk_channel_cast_transposed
@@ -334,12 +353,14 @@ def _chunked_cast_transposed(v, qkv_format, cu_seqlens, chunk, backend, current,
         else:
             kernel, args = _ext.per_chunk_cast_mxfp8_columnwise_transposed, ()
         view = _token_view(v, geo)
-        _launch(v, kernel, view, chunks, *args, data_t.data_ptr(), t_pad, scales.data_ptr())
+        _launch(v, kernel, view, chunks, *args, data_t.data_ptr(), width, scales.data_ptr())
         return data_t, scales, cu_chunks
-    return _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, t_pad, current, **scale_kw)
+    return _reference_chunked_cast(
+        v, qkv_format, seqs, geo, chunk, columns, width, current, **scale_kw
+    )
 
 
-def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, t_pad, current, **scale_kw):
+def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, columns, width, current, **scale_kw):
     layout = seqs.layout
     tokens = _cpu_tokens(v, qkv_format)[: layout.total]  # [total, h, d]
     if current:
@@ -348,8 +369,9 @@ def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, t_pad, current, **s
         )
     else:
         data, scales, cu_chunks = ref.per_chunk_cast_to_mxfp8_columnwise(tokens, layout)
-    data_t = torch.zeros(geo.heads, geo.head_dim, t_pad, dtype=_FP8)  # [h, d, t_pad]
-    data_t[:, :, : layout.total] = data.permute(1, 2, 0)
+    data_t = torch.zeros(geo.heads, geo.head_dim, width, dtype=_FP8)  # [h, d, width]
+    for start, span, column in zip(layout.starts, layout.spans, columns):
+        data_t[:, :, column : column + span] = data[start : start + span].permute(1, 2, 0)
     return (
         data_t.to(v.device),
         scales.transpose(0, 1).contiguous().to(v.device),  # [h, n_chunks, d]
@@ -365,6 +387,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
     chunk: int = V_CHUNK_CURRENT,
     use_power_2_scales: bool = False,
     amax_epsilon: float = 0.0,
+    aligned_columns: bool = False,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """E4M3 with one current scale per (kv-head, chunk of `chunk` tokens, channel): V, transposed.
@@ -373,10 +396,14 @@ def per_chunk_channel_cast_to_fp8_transposed(
     ([n_seqs + 1] int32 on v's device) for thd only. chunk in CHUNK_SIZES (the format's constant
     is V_CHUNK_CURRENT). Chunks start at each sequence's first token and never cross a sequence;
     the last chunk of a sequence may be short.
-    Returns data_t [h_kv, d, t_pad] float8_e4m3fn (t_pad = t rounded up to TOKEN_PAD; columns of
-    no sequence are 0), scale_inv [h_kv, n_chunks, d] float32 (1 / scale, amax over the chunk's
-    tokens) and cu_chunks [n_seqs + 1] int32 (sequence n owns chunks cu_chunks[n] ..
-    cu_chunks[n + 1] - 1). See Note [Mask-exact FP8 scaling].
+    Returns data_t [h_kv, d, t_pad] float8_e4m3fn (t_pad = t rounded up to TOKEN_PAD; token i in
+    column i; columns of no sequence are 0), scale_inv [h_kv, n_chunks, d] float32 (1 / scale,
+    amax over the chunk's tokens) and cu_chunks [n_seqs + 1] int32 (sequence n owns chunks
+    cu_chunks[n] .. cu_chunks[n + 1] - 1). See Note [Mask-exact FP8 scaling].
+    aligned_columns: data_t [h_kv, d, width] instead, with sequence n's tokens from column
+    vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 16, for the attention
+    kernel's TMA boxes; width: the list's last entry) and 0 in the columns between sequences.
+    Same bytes, other columns: this decides nothing about the quantization.
     """
     return _chunked_cast_transposed(
         v,
@@ -385,6 +412,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
         chunk,
         backend,
         True,
+        aligned_columns,
         use_power_2_scales=bool(use_power_2_scales),
         amax_epsilon=float(amax_epsilon),
     )
@@ -395,6 +423,7 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     *,
     qkv_format: str,
     cu_seqlens: Optional[torch.Tensor] = None,
+    aligned_columns: bool = False,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP8 along the tokens (TE's columnwise usage), one E8M0 code per 32 tokens: V, transposed.
@@ -402,6 +431,9 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     v: as for per_chunk_channel_cast_to_fp8_transposed, with d a multiple of 32 (at most
     MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
-    and cu_chunks [n_seqs + 1] int32. See Note [Mask-exact FP8 scaling].
+    and cu_chunks [n_seqs + 1] int32. See Note [Mask-exact FP8 scaling]. aligned_columns: as for
+    per_chunk_channel_cast_to_fp8_transposed.
     """
-    return _chunked_cast_transposed(v, qkv_format, cu_seqlens, MX_BLOCK, backend, False)
+    return _chunked_cast_transposed(
+        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns
+    )

@@ -36,7 +36,7 @@ def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
 def aligned_columns_reference(
     v8t: torch.Tensor, starts: List[int]
 ) -> Tuple[torch.Tensor, List[int]]:
-    """What vt_layout.align_sequence_columns must give, built slice by slice: (bytes [h, d, width]
+    """The aligned layout (vt_layout) of a plain V8^T, built slice by slice: (bytes [h, d, width]
     uint8, each sequence's first column). v8t [h, d, t_pad] FP8 with sequence n in the columns
     [starts[n], starts[n + 1]); each span goes to the next multiple of 16, the rest is 0."""
     spans = [b - a for a, b in zip(starts, starts[1:])]
