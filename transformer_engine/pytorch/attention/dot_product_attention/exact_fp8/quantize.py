@@ -23,7 +23,7 @@ from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
 from .masks import SeqLayout
 from .reference_attention import to_tokens
-from .vt_layout import aligned_column_starts_list
+from .vt_layout import aligned_column_starts, aligned_column_starts_list
 
 try:
     import transformer_engine_exact_fp8 as _ext
@@ -306,6 +306,14 @@ def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> t
     return torch.tensor(seqs.cu_chunks(chunk), dtype=torch.int32, device=device)
 
 
+def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
+    """_output_columns' aligned list, computed on the device (no host-to-device copy)."""
+    starts = seqs.cu_seqlens
+    if starts is None:
+        starts = torch.arange(geo.batch + 1, dtype=torch.int32, device=device) * geo.seqlen
+    return aligned_column_starts(starts)
+
+
 def _output_columns(seqs: _Sequences, geo: _Geometry, aligned: bool) -> Tuple[List[int], int]:
     """(each sequence's first column in data_t, then the end of the last; data_t's width).
 
@@ -336,9 +344,7 @@ def _chunked_cast_transposed(
         scales = torch.empty(
             geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
         )
-        device_columns = (
-            torch.tensor(columns, dtype=torch.int32, device=v.device) if aligned_columns else None
-        )
+        device_columns = _device_columns(seqs, geo, v.device) if aligned_columns else None
         chunks = _ext.Chunks(
             cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
             cu_chunks=cu_chunks.data_ptr(),
