@@ -119,6 +119,9 @@ def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
     assert torch.equal(aligned[2], plain[2])
     device_columns = vt_layout.aligned_column_starts(torch.tensor(starts, dtype=torch.int32))
     assert device_columns.tolist() == columns
+    if qkv_format == "bshd":
+        dense = vt_layout.dense_column_starts(len(starts) - 1, starts[1], torch.device("cpu"), True)
+        assert dense.tolist() == columns
 
 
 def test_mx_columnwise_sbhd_matches_reference():

@@ -27,7 +27,7 @@ from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
-from .vt_layout import aligned_column_starts, needs_alignment
+from .vt_layout import aligned_column_starts, dense_column_starts, needs_alignment
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -234,14 +234,11 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
             use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
             aligned_columns=seqs.align_v,
         )  # fmt: skip
-    starts = seqs.cu_kv_start if seqs.varlen else _dense_starts(seqs, v.device)
-    cu_vt = aligned_column_starts(starts) if seqs.align_v else starts
+    if seqs.varlen:
+        cu_vt = aligned_column_starts(seqs.cu_kv_start) if seqs.align_v else seqs.cu_kv_start
+    else:
+        cu_vt = dense_column_starts(seqs.num_seqs, seqs.span_kv, v.device, seqs.align_v)
     return v8t, scales, cu_chunks, cu_vt
-
-
-def _dense_starts(seqs, device) -> torch.Tensor:
-    """[num_seqs + 1] int32 first token of each dense sample along the flattened (b, s) axis."""
-    return torch.arange(seqs.num_seqs + 1, device=device, dtype=torch.int32) * seqs.span_kv
 
 
 def _layout_strides(x, qkv_format):

@@ -23,7 +23,7 @@ from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
 from .masks import SeqLayout
 from .reference_attention import to_tokens
-from .vt_layout import aligned_column_starts, aligned_column_starts_list
+from .vt_layout import aligned_column_starts, aligned_column_starts_list, dense_column_starts
 
 try:
     import transformer_engine_exact_fp8 as _ext
@@ -308,10 +308,9 @@ def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> t
 
 def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
     """_output_columns' aligned list, computed on the device (no host-to-device copy)."""
-    starts = seqs.cu_seqlens
-    if starts is None:
-        starts = torch.arange(geo.batch + 1, dtype=torch.int32, device=device) * geo.seqlen
-    return aligned_column_starts(starts)
+    if seqs.cu_seqlens is None:
+        return dense_column_starts(geo.batch, geo.seqlen, torch.device(device), True)
+    return aligned_column_starts(seqs.cu_seqlens)
 
 
 def _output_columns(seqs: _Sequences, geo: _Geometry, aligned: bool) -> Tuple[List[int], int]:

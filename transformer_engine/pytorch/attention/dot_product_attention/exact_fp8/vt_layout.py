@@ -10,6 +10,7 @@ the columns between them 0. Values and scales are the same: this decides nothing
 quantization.
 """
 
+import functools
 from typing import List
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGN_COLUMNS", "needs_alignment", "aligned_column_starts", "aligned_column_starts_list",
+    "dense_column_starts",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
@@ -41,3 +43,13 @@ def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
     a host sync."""
     slots = (starts[1:] - starts[:-1] + ALIGN_COLUMNS - 1) // ALIGN_COLUMNS * ALIGN_COLUMNS
     return F.pad(torch.cumsum(slots, 0, dtype=torch.int32), (1, 0))
+
+
+@functools.lru_cache(maxsize=64)
+def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: bool):
+    """[batch + 1] int32 on `device`: the first column of each dense sample (token index n *
+    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end. Cached: a
+    pure function of its arguments, built once per shape instead of a few small kernels per call
+    (read-only: callers must not modify it)."""
+    step = -(-seqlen // ALIGN_COLUMNS) * ALIGN_COLUMNS if aligned else seqlen
+    return torch.arange(batch + 1, dtype=torch.int32, device=device) * step
