@@ -45,11 +45,21 @@ def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(slots, 0, dtype=torch.int32), (1, 0))
 
 
-@functools.lru_cache(maxsize=64)
 def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: bool):
     """[batch + 1] int32 on `device`: the first column of each dense sample (token index n *
-    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end. Cached: a
-    pure function of its arguments, built once per shape instead of a few small kernels per call
-    (read-only: callers must not modify it)."""
+    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end.
+
+    Cached per shape (read-only: callers must not modify it), which saves a few small kernels of
+    host overhead per call; not while a CUDA graph is being captured, where a new tensor would
+    be filled only by the graph's replays."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _dense_column_starts(batch, seqlen, device, aligned)
+    return _cached_dense_column_starts(batch, seqlen, device, aligned)
+
+
+def _dense_column_starts(batch, seqlen, device, aligned):
     step = -(-seqlen // ALIGN_COLUMNS) * ALIGN_COLUMNS if aligned else seqlen
     return torch.arange(batch + 1, dtype=torch.int32, device=device) * step
+
+
+_cached_dense_column_starts = functools.lru_cache(maxsize=64)(_dense_column_starts)
