@@ -9,8 +9,6 @@ cases use FP16 inputs and a Q quantized outside the kernel, and check:
   * the in-kernel scale rules (integer and fp32 paths) against formats.py, bitwise;
   * the tile decisions (FP8 / boundary / skipped) against masks.fp8_tile_map, exhaustively,
     and the boundary sub-tiles walked against the positions the rows see;
-  * V8^T in the aligned layout (vt_layout: sequences on 16-aligned columns) against the
-    quantizer's plain layout, bytewise;
   * the LSE against the reference (it does not involve the P cast): masks, layouts, GQA;
   * outputs against the reference where the P cast is exact (uniform attention: P = P_SCALE);
   * bitwise invariance of the outputs under perturbations the mask hides (the scenarios), with
@@ -43,7 +41,6 @@ else:
     import triton.runtime.interpreter as triton_interpreter
 
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-        attention,
         formats,
         kernel_masking,
         kernel_scaling,
@@ -74,7 +71,6 @@ else:
         build_scenario,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
-        aligned_columns_reference,
         prefix_change,
     )
 
@@ -262,57 +258,6 @@ else:
         out = torch.empty(64, 64, dtype=torch.int8)
         _visible_kernel[(1,)](out, len_kv, *_kernel_sides(mask, window, len_q, len_kv), M=64, N=64)
         assert torch.equal(out[:len_q].bool(), allowed[:len_q])
-
-    # ------------------------------------------------------------------ V8^T layout, bitwise
-
-    def _quantized_v(v, qkv_format, seqs, recipe):
-        """(_quantize_v's output, the quantizer's plain V8^T: token i in column i)."""
-        laid_out = attention._quantize_v(v, qkv_format, seqs, recipe, False, 0.0)
-        cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
-        if recipe == "mxfp8":
-            own = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
-                v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
-            )
-        else:
-            own = quantize.per_chunk_channel_cast_to_fp8_transposed(
-                v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
-            )
-        return laid_out, own
-
-    def _check_aligned(laid_out, own, starts):
-        """Scales untouched; each sequence's columns at a 16-aligned start, zeros elsewhere."""
-        v8t, scales, cu_chunks, cu_vt = laid_out
-        assert torch.equal(scales, own[1]) and torch.equal(cu_chunks, own[2])
-        expected, cols = aligned_columns_reference(own[0], starts)
-        assert cu_vt.tolist() == cols and all(c % 16 == 0 for c in cols)
-        assert torch.equal(v8t.view(torch.uint8), expected)
-
-    @pytest.mark.parametrize("recipe", RECIPES)
-    def test_thd_sequences_sit_at_aligned_v_columns(recipe):
-        cu = torch.tensor([0, 5, 70, 70, 133, 200], dtype=torch.int32)
-        v = torch.randn(200, 2, 64, generator=torch.Generator().manual_seed(0)).half()
-        q = torch.zeros(200, 4, 64, dtype=torch.float16)
-        seqs = attention._sequences(q, v, "thd", "padding_causal", cu, cu, None, None, None)
-        assert seqs.align_v
-        _check_aligned(*_quantized_v(v, "thd", seqs, recipe), cu.tolist())
-
-    @pytest.mark.parametrize("qkv_format", ["bshd", "sbhd"])
-    def test_dense_samples_sit_at_aligned_v_columns(qkv_format):
-        b, s = 3, 37
-        shape = (b, s, 2, 64) if qkv_format == "bshd" else (s, b, 2, 64)
-        v = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).half()
-        seqs = attention._sequences(v, v, qkv_format, "causal", None, None, None, None, None)
-        assert seqs.align_v
-        _check_aligned(*_quantized_v(v, qkv_format, seqs, "current"), [0, s, 2 * s, 3 * s])
-
-    def test_aligned_starts_keep_the_quantizers_v_layout():
-        cu = torch.tensor([0, 16, 16, 160, 173], dtype=torch.int32)  # only the end is off the grid
-        v = torch.randn(173, 2, 64, generator=torch.Generator().manual_seed(2)).half()
-        seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
-        assert not seqs.align_v
-        (v8t, _, _, cu_vt), own = _quantized_v(v, "thd", seqs, "current")
-        assert torch.equal(v8t.view(torch.uint8), own[0].view(torch.uint8))
-        assert torch.equal(cu_vt, cu)
 
     # ------------------------------------------------------------------ attention values
 

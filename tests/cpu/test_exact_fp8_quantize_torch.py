@@ -1,14 +1,16 @@
 """CPU tests of the quantization API's torch path (quantize.py without the CUDA extension).
 
 They pin the API's layouts (head-major Q/K outputs, transposed and padded V outputs, (b, s) token
-order for sbhd, chunks restarting at every sequence) against the reference functions element by
-element, and its error messages. No GPU and no TE core library needed.
+order for sbhd, chunks restarting at every sequence, the aligned V layout and the column starts
+the attention launcher passes with it) against the reference functions element by element, and
+its error messages. No GPU and no TE core library needed.
 """
 
 import pytest
 import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
+    attention,
     quantize as Q,
     quantize_reference as ref,
     vt_layout,
@@ -122,6 +124,63 @@ def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
     if qkv_format == "bshd":
         dense = vt_layout.dense_column_starts(len(starts) - 1, starts[1], torch.device("cpu"), True)
         assert dense.tolist() == columns
+
+
+# V8^T as the attention launcher lays it out (_quantize_v): sequences on 16-aligned columns
+
+
+def _quantized_v(v, qkv_format, seqs, recipe):
+    """(_quantize_v's output, the quantizer's plain V8^T: token i in column i)."""
+    laid_out = attention._quantize_v(v, qkv_format, seqs, recipe, False, 0.0)
+    cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
+    if recipe == "mxfp8":
+        own = Q.per_chunk_cast_to_mxfp8_columnwise_transposed(
+            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
+        )
+    else:
+        own = Q.per_chunk_channel_cast_to_fp8_transposed(
+            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
+        )
+    return laid_out, own
+
+
+def _check_aligned(laid_out, own, starts):
+    """Scales untouched; each sequence's columns at a 16-aligned start, zeros elsewhere."""
+    v8t, scales, cu_chunks, cu_vt = laid_out
+    assert torch.equal(scales, own[1]) and torch.equal(cu_chunks, own[2])
+    expected, cols = aligned_columns_reference(own[0], starts)
+    assert cu_vt.tolist() == cols and all(c % 16 == 0 for c in cols)
+    assert torch.equal(v8t.view(torch.uint8), expected)
+
+
+@pytest.mark.parametrize("recipe", ["current", "mxfp8"])
+def test_thd_sequences_sit_at_aligned_v_columns(recipe):
+    cu = torch.tensor([0, 5, 70, 70, 133, 200], dtype=torch.int32)
+    v = torch.randn(200, 2, 64, generator=torch.Generator().manual_seed(0)).half()
+    q = torch.zeros(200, 4, 64, dtype=torch.float16)
+    seqs = attention._sequences(q, v, "thd", "padding_causal", cu, cu, None, None, None)
+    assert seqs.align_v
+    _check_aligned(*_quantized_v(v, "thd", seqs, recipe), cu.tolist())
+
+
+@pytest.mark.parametrize("qkv_format", ["bshd", "sbhd"])
+def test_dense_samples_sit_at_aligned_v_columns(qkv_format):
+    b, s = 3, 37
+    shape = (b, s, 2, 64) if qkv_format == "bshd" else (s, b, 2, 64)
+    v = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).half()
+    seqs = attention._sequences(v, v, qkv_format, "causal", None, None, None, None, None)
+    assert seqs.align_v
+    _check_aligned(*_quantized_v(v, qkv_format, seqs, "current"), [0, s, 2 * s, 3 * s])
+
+
+def test_aligned_starts_keep_the_quantizers_v_layout():
+    cu = torch.tensor([0, 16, 16, 160, 173], dtype=torch.int32)  # only the end is off the grid
+    v = torch.randn(173, 2, 64, generator=torch.Generator().manual_seed(2)).half()
+    seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
+    assert not seqs.align_v
+    (v8t, _, _, cu_vt), own = _quantized_v(v, "thd", seqs, "current")
+    assert torch.equal(v8t.view(torch.uint8), own[0].view(torch.uint8))
+    assert torch.equal(cu_vt, cu)
 
 
 def test_mx_columnwise_sbhd_matches_reference():

@@ -12,10 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-    attention,
-    formats,
-)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import attention, formats
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
     exact_fp8_attention_forward,
 )
