@@ -52,7 +52,7 @@ def scale_from_amax(amax, amax_epsilon, power_2):
     power_2 (bool or int): clear the mantissa, rounding the scale down to a power of two.
     """
     amax = tl.where(amax < amax_epsilon, amax_epsilon, amax)
-    scale = tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32), amax)
+    scale = tl.math.div_rn(E4M3_MAX, amax)
     scale = tl.where(scale == float("inf"), FP32_MAX, scale)
     scale_pow2 = (scale.to(tl.int32, bitcast=True) & -0x800000).to(tl.float32, bitcast=True)
     scale = tl.where(power_2 != 0, scale_pow2, scale)
@@ -106,7 +106,7 @@ def per_token_cast_to_fp8(x, amax_epsilon, power_2):
     """
     scale = scale_from_amax(tl.max(abs_ignoring_nan(x), axis=1), amax_epsilon, power_2)
     data = cast_to_e4m3(x * scale[:, None])
-    return data, tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+    return data, tl.math.div_rn(1.0, scale)
 
 
 @triton.jit
