@@ -16,6 +16,8 @@ alone, the K/V quantization alone, the opt-in sm90 kernel (forward and alone; on
 kernel (exact and leaky) with the boundary sub-tile widths in BOUNDARY_ABLATION instead of
 attention_kernel.BOUNDARY_N, and the exact forward on s - 8 keys per sample (sequence starts off
 the 16-token grid: V8^T is laid out again).
+The host time per call (CPU microseconds, launches back to back at b=1, s=128, h=1) of the exact
+forward and of cuDNN's SDPA: the floor of a call where the GPU work is too small to hide it.
 FLOPs (causal) = 2*b*h*s*s*d. Timing: triton.testing.do_bench medians, taken round-robin over all
 entries --rounds times (each entry sees the same clocks and power state); the table shows the
 median over rounds. Peak extra memory: torch.cuda.max_memory_allocated during one call, minus
@@ -29,6 +31,7 @@ import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -61,6 +64,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testin
 SPEED_SHAPES = ((4, 16, 4096), (2, 16, 8192), (1, 16, 16384))
 ACCURACY_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 HEAD_DIM = 128
+HOST_SHAPE = (1, 128, 1, HEAD_DIM)  # bshd: small enough that the host, not the GPU, sets the pace
 BOUNDARY_ABLATION = (128,)  # boundary sub-tile widths timed next to the default (kernel alone)
 TARGET_SPEEDUP = 1.3  # vs the best BF16 SDPA at s >= 8k, quantization included
 TARGET_EXACT_COST = 0.05  # exact vs leaky all-FP8 at 8k
@@ -329,6 +333,31 @@ def _wall_ms(fn):
     return (datetime.datetime.now() - start).total_seconds() * 1e3
 
 
+def _host_us_per_call(fn, calls=200):
+    """Host (CPU) microseconds per call, launches back to back: what a call costs when the
+    GPU work is too small to hide it."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def host_overhead(calls=200):
+    """Host microseconds per call at a tiny shape (HOST_SHAPE), median of three repeats."""
+    q, k, v = _inputs(HOST_SHAPE, seed=0)
+    fns = {
+        "exact current": lambda: attention.exact_fp8_attention_forward(q, k, v, recipe="current"),
+        "sdpa cudnn": _sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION),
+    }
+    return {
+        n: statistics.median(_host_us_per_call(f, calls) for _ in range(3)) for n, f in fns.items()
+    }
+
+
 def speed_table(out_dir: Path, rounds: int):
     results = {}
     for b, h, s in SPEED_SHAPES:
@@ -345,9 +374,18 @@ def speed_table(out_dir: Path, rounds: int):
         results[f"{b}x{h}x{s}"] = {"ms": ms, "peak_extra_mb": memory}
         del q, k, v, entries, slow
         torch.cuda.empty_cache()
-    text = _speed_markdown(results, rounds)
+    host = host_overhead()
+    text = _speed_markdown(results, rounds) + "\n\n" + _host_markdown(host)
     (out_dir / "attention_forward.md").write_text(text + "\n")
-    return results, text
+    return {"shapes": results, "host_us_per_call": host}, text
+
+
+def _host_markdown(host):
+    b, s, h, d = HOST_SHAPE
+    return (
+        f"host time per call at b={b}, s={s}, h={h}, d={d} (launches back to back, median of 3): "
+        + ", ".join(f"{n} {us:.0f} us" for n, us in host.items())
+    )
 
 
 def _speed_markdown(results, rounds):
