@@ -12,10 +12,9 @@ scaled_dot_product_attention.
 Speed (--speed): causal bshd, d=128, bf16, (b, h, s) = (4, 16, 4k), (2, 16, 8k), (1, 16, 16k).
 The kernel INCLUDING the K/V quantization (Q is quantized inside the kernel), next to torch BF16
 SDPA (cuDNN and flash backends, best of both) and the leaky all-FP8 lower bound. Also the kernel
-alone, the K/V quantization alone, the opt-in sm90 kernel (forward and alone; on Hopper), the
-kernel (exact and leaky) with the boundary sub-tile widths in BOUNDARY_ABLATION instead of
-attention_kernel.BOUNDARY_N, and the exact forward on s - 8 keys per sample (sequence starts off
-the 16-token grid: V8^T is laid out again).
+alone, the K/V quantization alone, the kernel (exact and leaky) with the boundary sub-tile
+widths in BOUNDARY_ABLATION instead of attention_kernel.BOUNDARY_N, and the exact forward on
+s - 8 keys per sample (sequence starts off the 16-token grid: V8^T is laid out again).
 The host time per call (CPU microseconds, launches back to back at b=1, s=128, h=1) of the exact
 forward and of cuDNN's SDPA: the floor of a call where the GPU work is too small to hide it.
 FLOPs (causal) = 2*b*h*s*s*d. Timing: triton.testing.do_bench medians, taken round-robin over all
@@ -225,11 +224,8 @@ def _sdpa(q, k, v, backend):
     return run
 
 
-def _exact_parts(q, k, v, recipe, leaky=False, which="auto"):
-    """(full forward incl. quantization, K/V quantization alone, kernel alone (boundary_n)).
-
-    which: exact_fp8_attention_forward's kernel ("auto": the Triton kernel by default).
-    """
+def _exact_parts(q, k, v, recipe, leaky=False):
+    """(full forward incl. quantization, K/V quantization alone, kernel alone (boundary_n))."""
     seqs = attention._sequences(q, k, "bshd", "causal", None, None, None, None, None)
 
     def quant():
@@ -243,13 +239,11 @@ def _exact_parts(q, k, v, recipe, leaky=False, which="auto"):
     def kernel(boundary_n=attention.BOUNDARY_N):
         return attention._launch(
             q, None, k_fp8, v_fp8, v, seqs, "bshd", recipe, "causal", None,
-            q.shape[-1] ** -0.5, False, 0.0, leaky, boundary_n=boundary_n, kernel=which,
+            q.shape[-1] ** -0.5, False, 0.0, leaky, boundary_n=boundary_n,
         )  # fmt: skip
 
     def full():
-        return attention.exact_fp8_attention_forward(
-            q, k, v, recipe=recipe, fp8_v_everywhere=leaky, kernel=which
-        )
+        return attention.exact_fp8_attention_forward(q, k, v, recipe=recipe, fp8_v_everywhere=leaky)
 
     return full, quant, kernel
 
@@ -281,9 +275,6 @@ def _entries(q, k, v):
         "quant k,v current": quant_c,
         "quant k,v mxfp8": quant_m,
     }
-    if torch.cuda.get_device_capability() == (9, 0):
-        full_g, _, kernel_g = _exact_parts(q, k, v, "current", which="sm90")
-        entries.update({"exact current sm90": full_g, "kernel exact current sm90": kernel_g})
     for n in BOUNDARY_ABLATION:
         entries[f"kernel exact current b{n}"] = lambda n=n: kernel_c(n)
         entries[f"kernel leaky current b{n}"] = lambda n=n: kernel_l(n)
@@ -307,7 +298,6 @@ def _round_robin(entries, rounds):
 
 WITH_QUANTIZATION = (
     "exact current",
-    "exact current sm90",
     "leaky current",
     "exact mxfp8",
     "quant k,v current",
@@ -318,8 +308,7 @@ WITH_QUANTIZATION = (
 
 
 def _exactness_cost(ms):
-    """Triton kernel alone, exact over its fastest leaky all-FP8 variant (any boundary width),
-    - 1 (the leaky mode exists in the Triton kernel only)."""
+    """Kernel alone, exact over the fastest leaky all-FP8 variant (any boundary width), - 1."""
     leaky = min(t for name, t in ms.items() if name.startswith("kernel leaky current"))
     return ms["kernel exact current"] / leaky - 1
 
@@ -389,17 +378,12 @@ def _host_markdown(host):
 
 
 def _speed_markdown(results, rounds):
-    cols = (
-        "sdpa cudnn", "sdpa flash", "exact current", "exact current sm90", "leaky current",
-        "exact mxfp8",
-    )  # fmt: skip
-    cols = tuple(c for c in cols if c in next(iter(results.values()))["ms"])
+    cols = ("sdpa cudnn", "sdpa flash", "exact current", "leaky current", "exact mxfp8")
     lines = [
         f"causal bshd d={HEAD_DIM} bf16; TFLOPS (ms); FLOPs = 2*b*h*s*s*d; median of {rounds} "
         "round-robin rounds of do_bench medians; exact/leaky include the K/V quantization "
         f"({'CUDA extension' if quantize.extension_available() else 'torch fallback on the CPU'}); "
-        "exactness cost: the exact Triton kernel alone over its fastest leaky all-FP8 variant; "
-        "'... sm90': the Gluon kernel of attention_kernel_sm90.py (same bits, opt-in)",
+        "exactness cost: the exact kernel alone over the fastest leaky all-FP8 kernel",
         "",
         "| b,h,s | " + " | ".join(cols) + " | speed-up vs best BF16 | exactness cost |",
         "|---|" + "---|" * (len(cols) + 2),

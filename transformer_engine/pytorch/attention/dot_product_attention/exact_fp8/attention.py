@@ -1,12 +1,6 @@
-"""Mask-exact FP8 attention forward: the launcher of the attention kernels.
+"""Mask-exact FP8 attention forward: the launcher of attention_kernel.attention_forward_kernel.
 
     out, lse = exact_fp8_attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
-
-Two kernels compute the same output bits: attention_kernel.py (Triton: every recipe, mask and
-layout; the default) and, on Hopper for current scaling, attention_kernel_sm90.py (Gluon: the
-same steps under an explicit wgmma/TMA schedule), which NVTE_EXACT_FP8_SM90_KERNEL=1 selects
-where it applies. It is opt-in because it measured only 0.97-1.06x the Triton kernel's speed
-(benchmarks/results/attention_forward.md).
 
 Q is quantized inside the kernel (per token for current scaling, per 32 channels for MXFP8); K and
 V are quantized here, once, into the token-major layouts the kernel reads (K8 [h_kv, t, d], V8^T
@@ -35,14 +29,12 @@ from . import quantize
 from .masks import check_mask_type
 from .vt_layout import aligned_column_starts, dense_column_starts, needs_alignment
 
-__all__ = ["RECIPES", "HEAD_DIMS", "KERNELS", "exact_fp8_attention_forward"]
+__all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
 RECIPES = ("current", "mxfp8")
 HEAD_DIMS = (64, 128)
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
-KERNELS = ("auto", "triton", "sm90")
-SM90_KERNEL_ENV = "NVTE_EXACT_FP8_SM90_KERNEL"
 
 # (block_m, num_warps, num_stages, maxnreg) per (recipe, head dim): launch parameters only.
 # block_m (query rows per program, a divisor of Q_TILE) changes no FP8 decision (taken per
@@ -96,7 +88,6 @@ def exact_fp8_attention_forward(
     amax_epsilon: float = 0.0,
     fp8_v_everywhere: bool = False,
     q_fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    kernel: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mask-exact FP8 attention forward. Returns (out, lse).
 
@@ -120,13 +111,7 @@ def exact_fp8_attention_forward(
     fp8_v_everywhere=True is a LEAKY lower bound for benchmarks only: every KV tile uses FP8 V,
     also the boundary tiles whose V chunks hold positions the mask hides, which breaks the
     invariant of Note [Mask-exact FP8 scaling]. Never use it for results.
-
-    kernel: "auto" (the Triton kernel, or the sm90 one where it applies if
-    NVTE_EXACT_FP8_SM90_KERNEL=1), "triton", or "sm90" (an error where it does not apply: see
-    _sm90_kernel_applies). Both give the same bits; the choice is for comparisons.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size)
     if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
         raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
@@ -141,7 +126,7 @@ def exact_fp8_attention_forward(
         softmax_scale = q.shape[-1] ** -0.5
     return _launch(
         q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
-        softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, kernel=kernel,
+        softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere,
     )  # fmt: skip
 
 
@@ -303,27 +288,12 @@ def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor, boundary_n: int):
     return k_desc, vt_desc, vt_desc_b
 
 
-def _sm90_kernel_applies(q, q_fp8, recipe, fp8_v_everywhere, launch_config, boundary_n):
-    """Whether attention_kernel_sm90 covers the call: a Hopper GPU, current scaling with Q cast
-    in the kernel, the exact mode, and the Triton kernel's default block sizes."""
-    return (
-        q.device.type == "cuda"
-        and torch.cuda.get_device_capability(q.device) == (9, 0)
-        and recipe == "current"
-        and q_fp8 is None
-        and not fp8_v_everywhere
-        and launch_config is None
-        and boundary_n == BOUNDARY_N
-    )
-
-
 def _launch(
     q, q_fp8, k_fp8, v_fp8, v, seqs, qkv_format, recipe, attn_mask_type, window_size,
     softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, launch_config=None,
-    boundary_n=BOUNDARY_N, kernel="auto",
+    boundary_n=BOUNDARY_N,
 ):  # fmt: skip
-    """Run a kernel; launch_config (as the values of _LAUNCH_CONFIG) overrides the Triton
-    kernel's table (and selects that kernel).
+    """Run the kernel; launch_config (as the values of _LAUNCH_CONFIG) overrides the table.
 
     boundary_n: the boundary sub-tile width, for ablations only: unlike launch_config it changes
     the order of the online softmax's steps, so the output bits (never what the mask hides).
@@ -341,29 +311,13 @@ def _launch(
         k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
     if BLOCK_N % boundary_n or boundary_n % MX_BLOCK:
         raise ValueError(f"boundary_n must divide {BLOCK_N} in multiples of {MX_BLOCK}")
+    k_desc, vt_desc, vt_desc_b = _tma_descriptors(k8, v8t, boundary_n)
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)
     left, right = window_size if window_size is not None else (-1, -1)
     if "causal" in attn_mask_type:
         right = 0
-    window = (UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right)
-    applies = _sm90_kernel_applies(q, q_fp8, recipe, fp8_v_everywhere, launch_config, boundary_n)
-    if kernel == "sm90" and not applies:
-        raise ValueError(
-            "the sm90 kernel needs a compute capability 9.0 GPU, recipe 'current' with Q cast in"
-            " the kernel, the exact mode and the default block sizes"
-        )
-    if applies and (
-        kernel == "sm90" or (kernel == "auto" and os.environ.get(SM90_KERNEL_ENV) == "1")
-    ):
-        _launch_sm90(
-            q_op, (sqb, sqs, sqh), k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v,
-            (svb, svs, svh), out, (sob, sos, soh), lse, seqs, attn_mask_type, window,
-            softmax_scale, use_power_2_scales, amax_epsilon,
-        )  # fmt: skip
-        return out, lse
-    k_desc, vt_desc, vt_desc_b = _tma_descriptors(k8, v8t, boundary_n)
     block_m, num_warps, num_stages, maxnreg = launch_config or _LAUNCH_CONFIG[(recipe, head_dim)]
     if block_m not in BLOCK_M_CHOICES:
         raise ValueError(f"block_m must be one of {BLOCK_M_CHOICES}, got {block_m}")
@@ -375,7 +329,8 @@ def _launch(
         sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
         k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),
         svb, svs, svh, sob, sos, soh, lse.stride(0),
-        num_heads, num_heads // k8.shape[0], seqs.span_q, seqs.span_kv, *window,
+        num_heads, num_heads // k8.shape[0], seqs.span_q, seqs.span_kv,
+        UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right,
         int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
         softmax_scale * 1.4426950408889634, amax_epsilon,
         HEAD_DIM=head_dim, RECIPE_MX=recipe == "mxfp8", QUANTIZE_Q=q_fp8 is None,
@@ -384,44 +339,3 @@ def _launch(
         num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
     )  # fmt: skip
     return out, lse
-
-
-def _launch_sm90(
-    q, q_strides, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v, v_strides, out, o_strides,
-    lse, seqs, attn_mask_type, window, softmax_scale, use_power_2_scales, amax_epsilon,
-):  # fmt: skip
-    """Run attention_kernel_sm90 (arguments as _launch has prepared them for the Triton one)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-
-    from . import attention_kernel_sm90 as sm90
-
-    def descriptor(x, block):
-        dtype = gl.float8e4nv if x.dtype == torch.float8_e4m3fn else gl.float32
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-        return GluonDescriptor.from_tensor(x, block, layout)
-
-    num_heads, d = q.shape[-2], q.shape[-1]
-    h_kv, t_kv = k8.shape[0], k8.shape[1]
-    if k8.numel() == 0:  # no keys: descriptors of zero tiles that no program reads
-        k8 = torch.zeros(1, BLOCK_N, d, dtype=k8.dtype, device=k8.device)
-        k_scale = torch.zeros(1, BLOCK_N, dtype=torch.float32, device=k8.device)
-        v8t = torch.zeros(1, d, BLOCK_N, dtype=v8t.dtype, device=k8.device)
-        v_scale = torch.zeros(1, 1, d, dtype=torch.float32, device=k8.device)
-    assert k_scale.is_contiguous() and v_scale.is_contiguous() and v8t.is_contiguous()
-    k2 = k8.reshape(-1, d)  # [h_kv * t, d]
-    vt2 = v8t.reshape(-1, v8t.shape[-1])  # [h_kv * d, t_pad]
-    descs = (
-        descriptor(k2, [BLOCK_N, d]), descriptor(vt2, [d, BLOCK_N]),
-        descriptor(v_scale.reshape(-1), [d]), descriptor(k2, [BOUNDARY_N, d]),
-    )  # fmt: skip
-    grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, sm90.BLOCK_M))
-    sm90.attention_forward_kernel_sm90[grid](
-        q, v, out, lse, k_scale, *descs,
-        seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks, cu_vt,
-        *q_strides, t_kv, v_scale.shape[1], *v_strides, *o_strides, lse.stride(0),
-        num_heads, num_heads // h_kv, seqs.span_q, seqs.span_kv, *window,
-        int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
-        softmax_scale * 1.4426950408889634, amax_epsilon,
-        BM=sm90.BLOCK_M, QT=Q_TILE, STAGES=sm90.FP8_STAGES, num_warps=sm90.NUM_WARPS,
-    )  # fmt: skip
