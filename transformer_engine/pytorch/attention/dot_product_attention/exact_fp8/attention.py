@@ -27,7 +27,12 @@ from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
-from .vt_layout import aligned_column_starts, dense_column_starts, needs_alignment
+from .vt_layout import (
+    aligned_column_starts,
+    dense_column_starts,
+    dense_offsets,
+    needs_alignment,
+)
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -193,8 +198,8 @@ def _int32(x, device) -> torch.Tensor:
 
 def _dense_lengths(cu, batch, seqlen, device) -> torch.Tensor:
     """[batch + 1] int32 cumulative real lengths of bshd/sbhd samples (all seqlen if cu is None)."""
-    if cu is None:  # n * seqlen: the samples' first tokens, cached per shape (no kernel launch)
-        return dense_column_starts(batch, seqlen, device, aligned=False)
+    if cu is None:  # cached per shape: no kernel launch per call
+        return dense_offsets(batch, seqlen, device)
     cu = _int32(cu, device)
     if cu.shape != (batch + 1,):
         raise ValueError(

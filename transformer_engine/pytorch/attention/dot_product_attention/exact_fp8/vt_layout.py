@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGN_COLUMNS", "needs_alignment", "aligned_column_starts", "aligned_column_starts_list",
-    "dense_column_starts",
+    "dense_column_starts", "dense_offsets",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
@@ -47,19 +47,25 @@ def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
 
 def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: bool):
     """[batch + 1] int32 on `device`: the first column of each dense sample (token index n *
-    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end.
-
-    Cached per shape (read-only: callers must not modify it), which saves a few small kernels of
-    host overhead per call; not while a CUDA graph is being captured, where a new tensor would
-    be filled only by the graph's replays."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _dense_column_starts(batch, seqlen, device, aligned)
-    return _cached_dense_column_starts(batch, seqlen, device, aligned)
-
-
-def _dense_column_starts(batch, seqlen, device, aligned):
+    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end. Cached
+    (dense_offsets): read-only."""
     step = -(-seqlen // ALIGN_COLUMNS) * ALIGN_COLUMNS if aligned else seqlen
+    return dense_offsets(batch, step, device)
+
+
+def dense_offsets(batch: int, step: int, device: torch.device) -> torch.Tensor:
+    """[batch + 1] int32 n * step on `device` (dense samples' first tokens or columns).
+
+    Cached per (batch, step, device) (read-only: callers must not modify it), which saves a few
+    small kernels of host overhead per call; not while a CUDA graph is being captured, where a
+    new tensor would be filled only by the graph's replays."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _dense_offsets(batch, step, device)
+    return _cached_dense_offsets(batch, step, device)
+
+
+def _dense_offsets(batch, step, device):
     return torch.arange(batch + 1, dtype=torch.int32, device=device) * step
 
 
-_cached_dense_column_starts = functools.lru_cache(maxsize=64)(_dense_column_starts)
+_cached_dense_offsets = functools.lru_cache(maxsize=64)(_dense_offsets)
