@@ -275,9 +275,11 @@ def _query_operand(q, q_fp8, qkv_format, seqs, recipe):
     return data, (stride_b, d, t * d), scale
 
 
-def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor, boundary_n: int):
+def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor, boundary_n: Optional[int]):
     """Host TMA descriptors of K8 [h_kv, t, d] as [h_kv * t, d] (block [BLOCK_N, d]) and of
     V8^T [h_kv, d, t_pad] as [h_kv * d, t_pad] (blocks [d, BLOCK_N] and [d, boundary_n]).
+    boundary_n None: only the leaky mode reads V8^T on boundary sub-tiles, so the second V8^T
+    descriptor is the first (an argument the kernel does not read; one less to build per call).
 
     Both are contiguous with 16-byte rows (d and t_pad are multiples of 16), as TMA requires.
     Without keys, the descriptors cover a zero tile that no program reads.
@@ -289,8 +291,9 @@ def _tma_descriptors(k8: torch.Tensor, v8t: torch.Tensor, boundary_n: int):
     k_desc = TensorDescriptor.from_tensor(k8.reshape(-1, d), [BLOCK_N, d])
     v8t = v8t.reshape(-1, v8t.shape[-1])
     vt_desc = TensorDescriptor.from_tensor(v8t, [d, BLOCK_N])
-    vt_desc_b = TensorDescriptor.from_tensor(v8t, [d, boundary_n])
-    return k_desc, vt_desc, vt_desc_b
+    if boundary_n is None:
+        return k_desc, vt_desc, vt_desc
+    return k_desc, vt_desc, TensorDescriptor.from_tensor(v8t, [d, boundary_n])
 
 
 def _launch(
@@ -316,7 +319,9 @@ def _launch(
         k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
     if BLOCK_N % boundary_n or boundary_n % MX_BLOCK:
         raise ValueError(f"boundary_n must divide {BLOCK_N} in multiples of {MX_BLOCK}")
-    k_desc, vt_desc, vt_desc_b = _tma_descriptors(k8, v8t, boundary_n)
+    k_desc, vt_desc, vt_desc_b = _tma_descriptors(
+        k8, v8t, boundary_n if fp8_v_everywhere else None
+    )
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)

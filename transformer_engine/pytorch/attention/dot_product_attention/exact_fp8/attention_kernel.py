@@ -309,7 +309,8 @@ def attention_forward_kernel(
     V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (MXFP8: 2^(e - 127)).
     K_DESC, VT_DESC: TMA descriptors of K8 as [h_kv * t, d] (block [BN, d]) and of V8T as
     [h_kv * d, t_pad] (block [d, BN]), read by the complete tiles of current scaling; VT_DESC_B:
-    V8T's with [d, BNB] boxes, for the boundary sub-tiles of the leaky mode (FP8_V_EVERYWHERE).
+    V8T's with [d, BNB] boxes, for the boundary sub-tiles of the leaky mode (FP8_V_EVERYWHERE;
+    unread otherwise, where the launcher passes VT_DESC).
     V: unquantized, in its layout. O: Q's shape and layout. LSE [h, t_q] fp32, natural log.
     CU_CHUNKS [num_seqs + 1] int32: first V chunk of each sequence; CU_VT: its first column in
     V8T (a multiple of 16: vt_layout.py lays V8T out so). scores_scale:
