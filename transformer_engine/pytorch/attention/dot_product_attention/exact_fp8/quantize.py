@@ -23,7 +23,12 @@ from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
 from .masks import SeqLayout
 from .reference_attention import to_tokens
-from .vt_layout import aligned_column_starts, aligned_column_starts_list, dense_column_starts
+from .vt_layout import (
+    aligned_column_starts,
+    aligned_column_starts_list,
+    dense_column_starts,
+    dense_offsets,
+)
 
 try:
     import transformer_engine_exact_fp8 as _ext
@@ -162,10 +167,29 @@ def _token_view(x: torch.Tensor, geo: _Geometry):
     )
 
 
+# The handle without building a torch.cuda.Stream (the call Triton's launcher makes); the public
+# route where a torch build lacks it.
+_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(device_index: int) -> int:
+    """torch's current stream on a device, as the raw cudaStream_t handle."""
+    if _get_raw_stream is not None:
+        return _get_raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def _launch(x: torch.Tensor, kernel, *args) -> None:
-    """Run an extension function on x's device and torch's current stream there."""
-    with torch.cuda.device(x.device):
-        kernel(*args, torch.cuda.current_stream().cuda_stream)
+    """Run an extension function on x's device and torch's current stream there.
+
+    The device is switched only when it is not current already: the context manager costs more
+    host time than the kernel launch itself at small shapes."""
+    device = x.device.index
+    if device == torch.cuda.current_device():
+        kernel(*args, _raw_stream(device))
+        return
+    with torch.cuda.device(device):
+        kernel(*args, _raw_stream(device))
 
 
 def _cpu_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
@@ -299,10 +323,9 @@ def _sequences(
 
 
 def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> torch.Tensor:
-    """cu_chunks on the device; bshd/sbhd build it there (no host-to-device copy)."""
+    """cu_chunks on the device; bshd/sbhd take it from the per-shape cache (read-only)."""
     if seqs.cu_seqlens is None:
-        per_sample = (geo.seqlen + chunk - 1) // chunk
-        return torch.arange(geo.batch + 1, dtype=torch.int32, device=device) * per_sample
+        return dense_offsets(geo.batch, (geo.seqlen + chunk - 1) // chunk, device)
     return torch.tensor(seqs.cu_chunks(chunk), dtype=torch.int32, device=device)
 
 
@@ -404,7 +427,8 @@ def per_chunk_channel_cast_to_fp8_transposed(
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn (t_pad = t rounded up to TOKEN_PAD; token i in
     column i; columns of no sequence are 0), scale_inv [h_kv, n_chunks, d] float32 (1 / scale,
     amax over the chunk's tokens) and cu_chunks [n_seqs + 1] int32 (sequence n owns chunks
-    cu_chunks[n] .. cu_chunks[n + 1] - 1). See Note [Mask-exact FP8 scaling].
+    cu_chunks[n] .. cu_chunks[n + 1] - 1; for bshd/sbhd a cached tensor that calls of the same
+    shape share: read-only). See Note [Mask-exact FP8 scaling].
     aligned_columns: data_t [h_kv, d, width] instead, with sequence n's tokens from column
     vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 16, for the attention
     kernel's TMA boxes; width: the list's last entry) and 0 in the columns between sequences.
@@ -436,8 +460,8 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     v: as for per_chunk_channel_cast_to_fp8_transposed, with d a multiple of 32 (at most
     MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
-    and cu_chunks [n_seqs + 1] int32. See Note [Mask-exact FP8 scaling]. aligned_columns: as for
-    per_chunk_channel_cast_to_fp8_transposed.
+    and cu_chunks [n_seqs + 1] int32 (read-only for bshd/sbhd). See Note [Mask-exact FP8
+    scaling]. aligned_columns: as for per_chunk_channel_cast_to_fp8_transposed.
     """
     return _chunked_cast_transposed(
         v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns
