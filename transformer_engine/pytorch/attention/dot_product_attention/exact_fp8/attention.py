@@ -319,9 +319,7 @@ def _launch(
         k_scale, v_scale = e8m0_to_float(k_scale), e8m0_to_float(v_scale)
     if BLOCK_N % boundary_n or boundary_n % MX_BLOCK:
         raise ValueError(f"boundary_n must divide {BLOCK_N} in multiples of {MX_BLOCK}")
-    k_desc, vt_desc, vt_desc_b = _tma_descriptors(
-        k8, v8t, boundary_n if fp8_v_everywhere else None
-    )
+    k_desc, vt_desc, vt_desc_b = _tma_descriptors(k8, v8t, boundary_n if fp8_v_everywhere else None)
     v = _d_contiguous(v)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sob, sos, soh = _layout_strides(out, qkv_format)

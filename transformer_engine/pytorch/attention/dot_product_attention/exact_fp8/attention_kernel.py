@@ -170,6 +170,29 @@ def _column_blocks(x, N: tl.constexpr):
         return b0, b1, b2, b3
 
 
+# Note [Channel scales in pairs]
+# A tile's V scales ([D] fp32, one per channel) multiply the P.V product column by column, so
+# each thread needs the scales of the columns it holds in the wgmma accumulator: two adjacent
+# columns in each group of eight. Loaded as [D] fp32, Triton gives the load a blocked layout and
+# moves the values into the accumulator's through shared memory and a barrier every tile; it
+# loads straight into the accumulator's layout only when the load has fewer elements than the
+# program has threads. Loading the scales as D // 2 int64 pairs (each pair the two adjacent
+# columns one thread holds) meets that, and splitting each pair into two fp32 (bitcasts, the
+# same bits) gives the columns in order: no exchange, no barrier. Same values, so the same
+# output bits; V_SCALE's rows are 8-byte aligned (D fp32 each, from an aligned allocation).
+
+
+@triton.jit
+def _load_channel_scales(ptr, HEAD_DIM: tl.constexpr):
+    """[HEAD_DIM] fp32 from ptr (fp32, 8-byte aligned), loaded in pairs: see Note [Channel
+    scales in pairs]."""
+    # [D // 2] int64: channels 2c (low half) and 2c + 1 (high half)
+    pairs = tl.load(ptr.to(tl.pointer_type(tl.int64)) + tl.arange(0, HEAD_DIM // 2))
+    even = pairs.to(tl.int32).to(tl.float32, bitcast=True)
+    odd = (pairs >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.join(even, odd), [HEAD_DIM])
+
+
 @triton.jit
 def _pv_fp8(
     acc, p, vt_tile, v_scales, vt_desc, vt_row, vt_col, col0, len_kv, stride_vtd,
@@ -189,13 +212,15 @@ def _pv_fp8(
     """
     # See Note [Mask-exact FP8 scaling]: P's scale is the fixed P_SCALE, folded into p already.
     p8 = p.to(tl.float8e4nv)
-    offs_d = tl.arange(0, HEAD_DIM)
     if RECIPE_MX:
         p_blocks = _column_blocks(p8, BN // MX_BLOCK_C)
+        offs_d = tl.arange(0, HEAD_DIM)
         offs_c = tl.arange(0, MX_BLOCK_C)
         for blk in tl.static_range(BN // MX_BLOCK_C):
             cols = blk * MX_BLOCK_C + offs_c
             vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + cols[None, :]  # [D, 32]
+            # Plain [D] loads here, not Note [Channel scales in pairs]: issued just before their
+            # product, the pairs' 16 loads per thread wait longer than the exchange (0.7x).
             scale_ptrs = v_scales + blk * HEAD_DIM + offs_d  # [D]
             if MASKED:
                 v_t = tl.load(vt_ptrs, mask=col0 + cols[None, :] < len_kv, other=0.0)
@@ -258,7 +283,7 @@ def _attend_tiles(
             # instead of after the P.V product that needs them (4-6% of the kernel on the H200).
             v_scales = vs_head + (chunk_kv + col0 // v_chunk).to(tl.int64) * HEAD_DIM
             if not RECIPE_MX:
-                v_scales = tl.load(v_scales + tl.arange(0, HEAD_DIM))  # [D]
+                v_scales = _load_channel_scales(v_scales, HEAD_DIM)  # [D]
         t = _scores(
             q8, q_scale, k8_head + tok * HEAD_DIM, ks_head + tok * scale_cols,
             k_desc, k_desc_row + col0, col0, len_kv, HEAD_DIM, BN, RECIPE_MX, MASKED,
