@@ -26,7 +26,7 @@ EXT_DIR=$ROOT/build/exact_fp8  # shared with tools/gpu_quantize_check.sh
 export PYTHONPATH=$EXT_DIR/lib:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 TEST_FILE=tests/pytorch/attention/test_exact_fp8_attention.py
 SHARDS=("hidden_tokens"
-        "bug_report or negative_control or decode or unsupported or code_zero or layout"
+        "bug_report or negative_control or decode or unsupported or code_zero or layout or cuda_graph"
         "accuracy" "in_kernel or launch_config")
 
 log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }

@@ -113,6 +113,8 @@ def _reason(params, cc=(9, 0), triton=True, onnx=False):
         dict(attn_mask_type="padding", window_size=(32, 8), bottom_right_diagonal=True),
         dict(attn_mask_type="causal", window_size=(127, 0)),
         dict(attention_dropout=0.1, is_training=False),  # dropout only acts in training
+        dict(cuda_graph=True),  # dense formats are captured (thd is not)
+        dict(cuda_graph=True, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="padding_causal"),
     ],
 )
 def test_supported_configurations(changes):
@@ -125,7 +127,7 @@ def test_supported_configurations(changes):
         ({}, dict(triton=False), "Triton"),
         ({}, dict(cc=(8, 0)), "sm80"),
         ({}, dict(onnx=True), "ONNX"),
-        (dict(cuda_graph=True), {}, "CUDA graph"),
+        (dict(cuda_graph=True, qkv_layout="thd_thd_thd"), {}, "CUDA graph capture with"),
         (dict(qkv_dtype=torch.float32), {}, "qkv_dtype"),
         (dict(head_dim_qk=96, head_dim_v=96), {}, "head_dim_qk=96"),
         (dict(head_dim_qk=128, head_dim_v=64), {}, "head_dim_v=64"),
@@ -680,6 +682,22 @@ def test_dispatch_falls_back_with_a_logged_reason(recipes, fake_kernel, caplog):
     assert not selected.runs
     assert selected.attention_params.fp8 is False and params.fp8 is True  # a copy, FP8 off
     assert "Disabling mask-exact FP8 attention for head_dim_qk=96" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "backward,is_training,runs",
+    [("recompute", True, False), ("cudnn", True, True), ("recompute", False, True)],
+)
+def test_dispatch_under_cuda_graph_capture(
+    backward, is_training, runs, recipes, fake_kernel, monkeypatch, caplog
+):
+    """Dense formats run under capture, unless a training step's backward would recompute."""
+    monkeypatch.setattr(backend, "_select_backward", lambda params: backward)
+    monkeypatch.setattr(backend, "_backward_cache", [])
+    dpa, params = _sbhd_call(recipes, cuda_graph=True, is_training=is_training)
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    assert backend.dispatch(dpa, params).runs is runs
+    assert ("CUDA graph capture of a training step" in caplog.text) is not runs
 
 
 def test_dispatch_leaves_upstream_alone_when_the_field_is_off(recipes, fake_kernel):

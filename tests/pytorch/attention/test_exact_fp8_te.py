@@ -689,3 +689,44 @@ def test_transformer_layer_training_step(switch, monkeypatch, kernel_runs, cudnn
     assert len(kernel_runs) == 1 and cudnn_backward_runs == [1]
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+
+
+@pytest.mark.parametrize("kind", ["current", "mxfp8"])
+def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, cudnn_backward_runs):
+    """make_graphed_callables captures the fork's forward and its cuDNN backward: a replay gives
+    the eager step's bits (output and gradients), and it stays mask-exact (future keys' values
+    changed: the earlier rows' outputs keep their bits)."""
+    recipe = recipe_for(kind)
+    h, h_kv, d, batch, s, t = 4, 2, 128, 2, 256, 100
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def inputs():
+        return [_rand(batch, s, n, d, gen=gen).requires_grad_() for n in (h, h_kv, h_kv)]
+
+    dpa = te.DotProductAttention(
+        h, d, num_gqa_groups=h_kv, qkv_format="bshd", attn_mask_type="causal"
+    )
+    graphed = te.make_graphed_callables(dpa, tuple(inputs()), enabled=True, recipe=recipe)
+    assert kernel_runs and set(kernel_runs) == {kind} and cudnn_backward_runs  # fork captured
+    d_out = _rand(batch, s, h * d, gen=gen)
+
+    def step(fn, q, k, v):
+        with te.autocast(enabled=True, recipe=recipe):
+            out = fn(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), d_out)
+        return out.detach().clone(), [g.clone() for g in grads]  # a replay reuses its buffers
+
+    q, k, v = inputs()
+    got_out, got_grads = step(graphed, q, k, v)
+    want_out, want_grads = step(dpa, q, k, v)
+    assert torch.equal(got_out, want_out)
+    assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads))
+    v_future = v.detach().clone()
+    v_future[:, t:] = _rand(batch, s - t, h_kv, d, gen=gen, scale=50.0)
+    future_out, _ = step(graphed, q, k, v_future.requires_grad_())
+    assert torch.equal(future_out[:, :t], got_out[:, :t])
+    assert not torch.equal(future_out[:, t:], got_out[:, t:])  # the replay saw the new values

@@ -113,6 +113,10 @@ def exact_fp8_attention_forward(
     for "current" or E8M0 codes [h, t_q, d // 32] uint8 for "mxfp8"); q then only gives the
     shape, dtype and layout. Used where the in-kernel cast cannot run (Triton's interpreter).
 
+    CUDA graphs: bshd and sbhd calls can be captured (torch.cuda.graph) once a call of the same
+    configuration has run outside the capture (Triton compiles there); cu_seqlens must then be
+    on the device. thd reads its sequence offsets on the host and raises under capture.
+
     fp8_v_everywhere=True is a LEAKY lower bound for benchmarks only: every KV tile uses FP8 V,
     also the boundary tiles whose V chunks hold positions the mask hides, which breaks the
     invariant of Note [Mask-exact FP8 scaling]. Never use it for results.
@@ -166,6 +170,11 @@ def _sequences(
 ) -> _Sequences:
     device = q.device
     if qkv_format == "thd":
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                "thd cannot be captured in a CUDA graph: the launcher reads the sequence offsets"
+                " on the host. Use bshd or sbhd (with a padding mask type for variable lengths)."
+            )
         if cu_q is None or cu_kv is None:
             raise ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
         cu_q, cu_kv = (_int32(x, device) for x in (cu_q, cu_kv))

@@ -106,7 +106,11 @@ def unsupported_reason(
             % tuple(compute_capability),
         ),
         (onnx_export, "ONNX export"),
-        (params.cuda_graph, "CUDA graph capture (the kernels synchronize with the host)"),
+        (
+            params.cuda_graph and q_format == "thd",
+            "CUDA graph capture with qkv_format='thd' (the launcher reads the sequence offsets"
+            " on the host)",
+        ),
         (params.qkv_dtype not in _DTYPES, f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"),
         (
             params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims,
@@ -196,6 +200,12 @@ def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
         return Dispatch(attention_params)
     check_request(recipe, attention_params, _is_quantized(attention_params.qkv_type))
     reason = unsupported_reason(attention_params, **_device_support())
+    if reason is None and _captures_recompute_backward(attention_params, dpa.logger):
+        reason = (
+            "CUDA graph capture of a training step whose backward would recompute attention"
+            " (TE's fused attention has no BF16/FP16 backward here; the recompute reads the masks"
+            " on the host)"
+        )
     if reason is not None:
         dpa.logger.debug(_DISABLED, reason)
         return Dispatch(dataclasses.replace(attention_params, fp8=False))
@@ -207,6 +217,12 @@ def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
     )
     _log_selection(dpa.logger, selected.recipe)
     return selected
+
+
+def _captures_recompute_backward(params: Any, logger: Any) -> bool:
+    """Is this a CUDA graph capture (TE's make_graphed_callables) of a training step whose
+    backward would be autograd.recompute_backward, which cannot be captured?"""
+    return params.cuda_graph and params.is_training and _backward_choice(params, logger) != "cudnn"
 
 
 _last_selection: List[str] = []
