@@ -17,6 +17,8 @@ FLOPs (causal, counted once for the visible half): fwd = 2*b*h*s*s*d; fwd+bwd = 
 Timing: triton.testing.do_bench medians (L2 flushed before every call), taken round-robin over the
 paths `--rounds` times; the table shows the median over rounds. Times include TE's Python
 overhead and, for the fork, its quantization pass: this is what a user of the API gets.
+Also the host time per forward call of each path at a tiny shape (HOST_SHAPE), where the GPU work
+is too small to hide it.
 
     python benchmarks/te/bench_te_attention.py --out DIR
 
@@ -44,6 +46,7 @@ TARGETS = (
     ("fwd+bwd", "fork-current", "upstream-bf16", 1.15, 4096),
 )
 FWD_BWD_FLOPS_FACTOR = 3.5
+HOST_SHAPE = (1, 128, 16, 128)  # (b, s, h, d): small enough that the host sets the pace
 
 
 def causal_flops(b: int, h: int, s: int, d: int, mode: str) -> float:
@@ -162,6 +165,40 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
     return rows
 
 
+def host_us_per_call(te, calls: int = 200) -> Dict[str, float]:
+    """Host (CPU) microseconds per forward call of each path at HOST_SHAPE, calls back to back
+    (median of 3 repeats): what a call costs where the GPU work is too small to hide it."""
+    import time
+
+    b, s, h, d = HOST_SHAPE
+    q, k, v, _ = _inputs(b, s, h, d)
+    result = {}
+    for path in PATHS:
+        fn = _forward(te, path, q, k, v)
+        try:
+            fn()
+        except Exception:  # a path that cannot run here (its row in the table says why)
+            continue
+        repeats = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            repeats.append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+        result[path] = statistics.median(repeats)
+    return result
+
+
+def host_markdown(host: Dict[str, float]) -> str:
+    b, s, h, d = HOST_SHAPE
+    return (
+        f"Host time per forward call at b={b}, s={s}, h={h}, d={d} (calls back to back, median"
+        " of 3): " + ", ".join(f"{path} {us:.0f} us" for path, us in host.items())
+    )
+
+
 def add_ratios(rows: List[Dict]) -> None:
     """x_bf16 / x_delayed: TFLOPS over the same (s, mode)'s upstream-bf16 / -delayed row."""
     by_key = {(r["s"], r["mode"], r["path"]): r for r in rows}
@@ -254,7 +291,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for s in args.seqlens:
         rows += bench_shape(te, args.batch, s, args.heads, args.head_dim, args.rounds, args.rep_ms)
     add_ratios(rows)
-    result = dict(environment=environment(te), rows=rows, targets=check_targets(rows))
+    host = host_us_per_call(te)
+    result = dict(
+        environment=environment(te), rows=rows, targets=check_targets(rows), host_us_per_call=host
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_te.json").write_text(json.dumps(result, indent=1))
     env = result["environment"]
@@ -269,6 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "",
             "Targets (issue 5):",
             *[f"- {line}" for line in result["targets"]],
+            "",
+            host_markdown(host),
         ]
     )
     (args.out / "bench_te.md").write_text(text + "\n")
