@@ -30,7 +30,6 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -57,6 +56,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
     cosine_similarity,
+    host_us_per_call,
     rel_frobenius_error,
 )
 
@@ -322,19 +322,6 @@ def _wall_ms(fn):
     return (datetime.datetime.now() - start).total_seconds() * 1e3
 
 
-def _host_us_per_call(fn, calls=200):
-    """Host (CPU) microseconds per call, launches back to back: what a call costs when the
-    GPU work is too small to hide it."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
 def host_overhead(calls=200):
     """Host microseconds per call at a tiny shape (HOST_SHAPE), median of three repeats."""
     q, k, v = _inputs(HOST_SHAPE, seed=0)
@@ -342,9 +329,7 @@ def host_overhead(calls=200):
         "exact current": lambda: attention.exact_fp8_attention_forward(q, k, v, recipe="current"),
         "sdpa cudnn": _sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION),
     }
-    return {
-        n: statistics.median(_host_us_per_call(f, calls) for _ in range(3)) for n, f in fns.items()
-    }
+    return {n: host_us_per_call(f, calls) for n, f in fns.items()}
 
 
 def speed_table(out_dir: Path, rounds: int):

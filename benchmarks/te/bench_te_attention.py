@@ -165,29 +165,21 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
     return rows
 
 
-def host_us_per_call(te, calls: int = 200) -> Dict[str, float]:
-    """Host (CPU) microseconds per forward call of each path at HOST_SHAPE, calls back to back
-    (median of 3 repeats): what a call costs where the GPU work is too small to hide it."""
-    import time
+def host_us_per_path(te, calls: int = 200) -> Dict[str, float]:
+    """Host (CPU) microseconds per forward call of each path at HOST_SHAPE (testing's
+    host_us_per_call: calls back to back, median of 3 repeats)."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+        host_us_per_call,
+    )
 
-    b, s, h, d = HOST_SHAPE
-    q, k, v, _ = _inputs(b, s, h, d)
+    q, k, v, _ = _inputs(*HOST_SHAPE)
     result = {}
     for path in PATHS:
         fn = _forward(te, path, q, k, v)
         try:
-            fn()
+            result[path] = host_us_per_call(fn, calls)
         except Exception:  # a path that cannot run here (its row in the table says why)
             continue
-        repeats = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            repeats.append((time.perf_counter() - start) / calls * 1e6)
-            torch.cuda.synchronize()
-        result[path] = statistics.median(repeats)
     return result
 
 
@@ -291,7 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for s in args.seqlens:
         rows += bench_shape(te, args.batch, s, args.heads, args.head_dim, args.rounds, args.rep_ms)
     add_ratios(rows)
-    host = host_us_per_call(te)
+    host = host_us_per_path(te)
     result = dict(
         environment=environment(te), rows=rows, targets=check_targets(rows), host_us_per_call=host
     )

@@ -332,7 +332,7 @@ def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> t
 def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
     """_output_columns' aligned list, computed on the device (no host-to-device copy)."""
     if seqs.cu_seqlens is None:
-        return dense_column_starts(geo.batch, geo.seqlen, torch.device(device), True)
+        return dense_column_starts(geo.batch, geo.seqlen, device, True)
     return aligned_column_starts(seqs.cu_seqlens)
 
 

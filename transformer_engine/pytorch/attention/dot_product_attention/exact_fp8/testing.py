@@ -1,10 +1,15 @@
 """Numeric helpers shared by the tests, the benchmarks and the causality audit."""
 
-from typing import List, Tuple
+import statistics
+import time
+from typing import Callable, List, Tuple
 
 import torch
 
-__all__ = ["prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference"]
+__all__ = [
+    "prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference",
+    "host_us_per_call",
+]  # fmt: skip
 
 
 def prefix_change(
@@ -48,3 +53,18 @@ def aligned_columns_reference(
     for n, span in enumerate(spans):
         out[..., cols[n] : cols[n] + span] = src[..., starts[n] : starts[n] + span].cpu()
     return out, cols
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 3) -> float:
+    """Host (CPU) microseconds per call of fn, calls issued back to back (median of `repeats`):
+    what a call costs where the GPU work is too small to hide it. fn runs once before timing."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
