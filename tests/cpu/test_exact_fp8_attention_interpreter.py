@@ -389,10 +389,13 @@ else:
             ref = reference_attention("fork-current", q, k, v, **case)
             torch.testing.assert_close(lse.double(), ref.lse, rtol=0, atol=1e-4)
 
-    def test_padded_thd_matches_unpadded_bitwise():
-        """Garbage between sequences (cu_seqlens_padded) changes no real output or LSE."""
+    @pytest.mark.parametrize("pads", [[7, 64, 0], [7, 300, 0]])
+    def test_padded_thd_matches_unpadded_bitwise(pads):
+        """Garbage between sequences (cu_seqlens_padded) changes no real output or LSE. With
+        pads [7, 300, 0] the second sequence's allocation (301 rows) outgrows the grid's
+        max_seqlen_q = 169 rows: the last query block writes the rest as padding."""
         gen = torch.Generator().manual_seed(5)
-        lens, pads = [130, 1, 169], [7, 64, 0]
+        lens = [130, 1, 169]
         cu = torch.tensor([0] + lens).cumsum(0).int()
         cu_pad = torch.tensor([0] + [a + b for a, b in zip(lens, pads)]).cumsum(0).int()
         q, k, v = (_randn(gen, int(cu[-1]), 2, 64) for _ in range(3))
@@ -408,6 +411,8 @@ else:
             kw_pad = dict(kw, cu_seqlens_q_padded=cu_pad, cu_seqlens_kv_padded=cu_pad)
             out_p, lse_p = _run(*padded, recipe, kw_pad)
             assert torch.equal(out_p[real], out) and torch.equal(lse_p[:, real], lse)
+            out_g, lse_g = _run(*padded, recipe, dict(kw_pad, max_seqlen_q=int(cu_pad[-1])))
+            assert torch.equal(out_g, out_p) and torch.equal(lse_g, lse_p)  # a larger grid
             pad_rows = torch.ones(int(cu_pad[-1]), dtype=torch.bool)
             pad_rows[real] = False
             assert not out_p[pad_rows].any() and torch.isinf(lse_p[:, pad_rows]).all()

@@ -113,8 +113,9 @@ def _reason(params, cc=(9, 0), triton=True, onnx=False):
         dict(attn_mask_type="padding", window_size=(32, 8), bottom_right_diagonal=True),
         dict(attn_mask_type="causal", window_size=(127, 0)),
         dict(attention_dropout=0.1, is_training=False),  # dropout only acts in training
-        dict(cuda_graph=True),  # dense formats are captured (thd is not)
+        dict(cuda_graph=True),  # every format is captured
         dict(cuda_graph=True, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="padding_causal"),
+        dict(cuda_graph=True, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"),
     ],
 )
 def test_supported_configurations(changes):
@@ -127,7 +128,6 @@ def test_supported_configurations(changes):
         ({}, dict(triton=False), "Triton"),
         ({}, dict(cc=(8, 0)), "sm80"),
         ({}, dict(onnx=True), "ONNX"),
-        (dict(cuda_graph=True, qkv_layout="thd_thd_thd"), {}, "CUDA graph capture with"),
         (dict(qkv_dtype=torch.float32), {}, "qkv_dtype"),
         (dict(head_dim_qk=96, head_dim_v=96), {}, "head_dim_qk=96"),
         (dict(head_dim_qk=128, head_dim_v=64), {}, "head_dim_v=64"),
@@ -691,7 +691,7 @@ def test_dispatch_falls_back_with_a_logged_reason(recipes, fake_kernel, caplog):
 def test_dispatch_under_cuda_graph_capture(
     backward, is_training, runs, recipes, fake_kernel, monkeypatch, caplog
 ):
-    """Dense formats run under capture, unless a training step's backward would recompute."""
+    """Calls run under capture, unless a training step's backward would recompute."""
     monkeypatch.setattr(backend, "_select_backward", lambda params: backward)
     monkeypatch.setattr(backend, "_backward_cache", [])
     dpa, params = _sbhd_call(recipes, cuda_graph=True, is_training=is_training)

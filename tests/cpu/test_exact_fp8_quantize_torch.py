@@ -6,6 +6,8 @@ the attention launcher passes with it) against the reference functions element b
 its error messages. No GPU and no TE core library needed.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -145,12 +147,16 @@ def _quantized_v(v, qkv_format, seqs, recipe):
 
 
 def _check_aligned(laid_out, own, starts):
-    """Scales untouched; each sequence's columns at a 16-aligned start, zeros elsewhere."""
+    """Scales untouched; each sequence's columns at a 16-aligned start, zeros elsewhere (also in
+    the columns that thd's width bound adds; its extra scale rows are not compared)."""
     v8t, scales, cu_chunks, cu_vt = laid_out
-    assert torch.equal(scales, own[1]) and torch.equal(cu_chunks, own[2])
+    num_chunks = own[1].shape[1]
+    assert torch.equal(scales[:, :num_chunks], own[1]) and torch.equal(cu_chunks, own[2])
     expected, cols = aligned_columns_reference(own[0], starts)
     assert cu_vt.tolist() == cols and all(c % 16 == 0 for c in cols)
-    assert torch.equal(v8t.view(torch.uint8), expected)
+    width = expected.shape[-1]
+    assert torch.equal(v8t.view(torch.uint8)[..., :width], expected)
+    assert not v8t.view(torch.uint8)[..., width:].any()
 
 
 @pytest.mark.parametrize("recipe", ["current", "mxfp8"])
@@ -173,14 +179,17 @@ def test_dense_samples_sit_at_aligned_v_columns(qkv_format):
     _check_aligned(*_quantized_v(v, qkv_format, seqs, "current"), [0, s, 2 * s, 3 * s])
 
 
-def test_aligned_starts_keep_the_quantizers_v_layout():
+def test_thd_aligned_starts_keep_the_plain_columns():
+    """thd always takes the aligned layout (the launcher does not read the starts); where every
+    start is on the 16-grid, each token stays in the plain layout's column."""
     cu = torch.tensor([0, 16, 16, 160, 173], dtype=torch.int32)  # only the end is off the grid
     v = torch.randn(173, 2, 64, generator=torch.Generator().manual_seed(2)).half()
     seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
-    assert not seqs.align_v
+    assert seqs.align_v
     (v8t, _, _, cu_vt), own = _quantized_v(v, "thd", seqs, "current")
-    assert torch.equal(v8t.view(torch.uint8), own[0].view(torch.uint8))
-    assert torch.equal(cu_vt, cu)
+    width = own[0].shape[-1]
+    assert torch.equal(v8t[..., :width].view(torch.uint8), own[0].view(torch.uint8))
+    assert torch.equal(cu_vt[:-1], cu[:-1])
 
 
 def test_mx_columnwise_sbhd_matches_reference():
@@ -291,3 +300,58 @@ def test_per_chunk_errors(case):
         v = v.unsqueeze(0)
     with pytest.raises(error, match=message):
         Q.per_chunk_channel_cast_to_fp8_transposed(v, **kw)
+
+
+# sync_free: the thd V casts without reading cu_seqlens back (the attention launcher's thd path)
+
+
+def _random_starts(gen, num_seqs, t):
+    """[num_seqs + 1] sorted offsets in [0, t], first 0, with empty and unaligned sequences."""
+    cuts = torch.randint(0, t + 1, (num_seqs - 1,), generator=gen).sort().values.tolist()
+    return [0] + cuts + [int(torch.randint(cuts[-1] if cuts else 0, t + 1, (1,), generator=gen))]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sync_free_sizes_are_bounds_and_the_bytes_are_the_same(seed):
+    """sync_free=True (thd): scales [h, chunk_bound, d] and, aligned, data_t of width
+    aligned_width_bound; the host-offset outputs inside them, zeros in the added columns; the
+    device-side cu_chunks equals the host one."""
+    gen = torch.Generator().manual_seed(seed)
+    t = int(torch.randint(1, 300, (1,), generator=gen))
+    starts = _random_starts(gen, int(torch.randint(1, 7, (1,), generator=gen)), t)
+    cu = torch.tensor(starts, dtype=torch.int32)
+    v = _x(t, 2, 64, dtype=torch.float16, seed=seed)
+    mx = seed % 2 == 1
+    chunk = Q.MX_BLOCK if mx else [16, 32, 64, 128][seed % 4]
+    if mx:
+        cast = Q.per_chunk_cast_to_mxfp8_columnwise_transposed
+    else:
+        cast = functools.partial(Q.per_chunk_channel_cast_to_fp8_transposed, chunk=chunk)
+    for aligned in (False, True):
+        kw = dict(qkv_format="thd", cu_seqlens=cu, aligned_columns=aligned)
+        exact = cast(v, **kw)
+        bound = cast(v, sync_free=True, **kw)
+        num_seqs, num_chunks = len(starts) - 1, exact[1].shape[1]
+        assert bound[1].shape == (2, Q.chunk_bound(t, num_seqs, chunk), 64)
+        assert num_chunks <= bound[1].shape[1]
+        assert torch.equal(bound[1][:, :num_chunks], exact[1]) and torch.equal(bound[2], exact[2])
+        width = exact[0].shape[-1]
+        if aligned:
+            assert bound[0].shape[-1] == vt_layout.aligned_width_bound(t, num_seqs) >= width
+        else:
+            assert bound[0].shape == exact[0].shape
+        assert torch.equal(bound[0][..., :width].view(torch.uint8), exact[0].view(torch.uint8))
+        assert not bound[0][..., width:].view(torch.uint8).any()
+    seqs = Q._Sequences(None, cu)
+    geo = Q._geometry(v, "thd", "v")
+    device_cu_chunks = Q._device_cu_chunks(seqs, geo, chunk, cu.device)
+    assert device_cu_chunks.dtype == torch.int32 and torch.equal(device_cu_chunks, exact[2])
+
+
+def test_bounds_are_reached():
+    """The bounds are the worst cases: 1-token sequences (chunks) and 1-token sequences each
+    starting off the 16-grid (aligned width)."""
+    assert Q.chunk_bound(5, 5, 128) == 5
+    starts = list(range(6))
+    assert vt_layout.aligned_column_starts_list(starts)[-1] == 5 * 16
+    assert vt_layout.aligned_width_bound(5, 5) == 5 * 16

@@ -366,12 +366,75 @@ def test_cuda_graph_replay_equals_eager(recipe, case):
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
-def test_cuda_graph_capture_of_thd_raises():
+# (real lengths, padded allocations or None) of the 3 sequences of a 400-token thd pack, the
+# capture's first; later replays take other cu_seqlens contents (real lengths <= MAX_SEQLEN_Q)
+THD_GRAPH_PACKS = [
+    ([130, 1, 169], None),
+    ([200, 0, 77], None),
+    ([130, 1, 169], [137, 65, 198]),
+    ([7, 190, 100], [40, 250, 110]),
+]
+MAX_SEQLEN_Q = 200
+
+
+def _thd_offsets(lens, pads):
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).int()
+    cu_pad = None if pads is None else torch.tensor([0] + pads, device="cuda").cumsum(0).int()
+    return cu, cu_pad
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_cuda_graph_thd_replay_equals_eager(recipe, padded):
+    """thd under capture: the host never reads the offsets, so one graph serves packs of other
+    lengths. Each replay (new q, k, v and new cu_seqlens contents) gives the eager call's bits
+    on every row of a sequence (rows past the last sequence belong to none and are not written)."""
+    t, h, h_kv, d = 400, 4, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    packs = [p for p in THD_GRAPH_PACKS if (p[1] is not None) == padded]
+
+    def rand(heads):
+        return torch.randn(t, heads, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    static = [rand(h), rand(h_kv), rand(h_kv)]
+    cu, cu_pad = _thd_offsets(*packs[0])
+    offsets = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu.clone())
+    if padded:
+        offsets.update(cu_seqlens_q_padded=cu_pad, cu_seqlens_kv_padded=cu_pad.clone())
+    kwargs = dict(
+        recipe=recipe, qkv_format="thd", attn_mask_type="padding_causal",
+        max_seqlen_q=MAX_SEQLEN_Q,
+    )  # fmt: skip
+    exact_fp8_attention_forward(*static, **offsets, **kwargs)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = exact_fp8_attention_forward(*static, **offsets, **kwargs)
+    for lens, pads in packs + packs[:1]:
+        cu, cu_pad = _thd_offsets(lens, pads)
+        fresh = [rand(h), rand(h_kv), rand(h_kv)]
+        for buffer, x in zip(static, fresh):
+            buffer.copy_(x)
+        new_offsets = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        if padded:
+            new_offsets.update(cu_seqlens_q_padded=cu_pad, cu_seqlens_kv_padded=cu_pad)
+        for name, x in new_offsets.items():
+            offsets[name].copy_(x)
+        graph.replay()
+        want_out, want_lse = exact_fp8_attention_forward(*fresh, **new_offsets, **kwargs)
+        end = int((cu if cu_pad is None else cu_pad)[-1])
+        assert torch.equal(out[:end], want_out[:end]) and torch.equal(
+            lse[:, :end], want_lse[:, :end]
+        )
+
+
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the call raises before a launch
+def test_cuda_graph_capture_of_thd_needs_max_seqlen_q():
     x = torch.randn(64, 2, 128, dtype=torch.bfloat16, device="cuda")
     cu = torch.tensor([0, 30, 64], dtype=torch.int32, device="cuda")
     kwargs = dict(recipe="current", qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
     exact_fp8_attention_forward(x, x, x, **kwargs)
     torch.cuda.synchronize()
-    with pytest.raises(ValueError, match="CUDA graph"):
+    with pytest.raises(ValueError, match="max_seqlen_q"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             exact_fp8_attention_forward(x, x, x, **kwargs)

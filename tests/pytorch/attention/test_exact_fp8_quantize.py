@@ -211,6 +211,53 @@ def test_large_inputs_match_reference(case):
     assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
 
+def _v_cast(mx):
+    if mx:
+        return Q.per_chunk_cast_to_mxfp8_columnwise_transposed
+    return Q.per_chunk_channel_cast_to_fp8_transposed
+
+
+def _assert_same_inside_bounds(got, want):
+    """sync_free outputs: data_t and cu_chunks whole, the scales up to the real chunk count (the
+    bound's extra rows are unspecified: the kernel leaves them unwritten)."""
+    num_chunks = int(want[2][-1])
+    assert_bitwise(got[0], want[0])
+    assert_bitwise(got[1][:, :num_chunks], want[1][:, :num_chunks])
+    assert_bitwise(got[2], want[2])
+
+
+@pytest.mark.parametrize("mx", [False, True], ids=["current", "mxfp8"])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_sync_free_matches_reference_inside_the_bounds(mx, aligned):
+    """sync_free=True (thd, the attention launcher's path): the kernel reads the chunk count from
+    the device; 60 random sequences, and CU_SEQLENS (an empty sequence, unaligned starts)."""
+    for v, cu in (_large("thd")[::2], _make("thd", torch.float16, 64, torch.Generator())):
+        kw = dict(qkv_format="thd", cu_seqlens=cu, aligned_columns=aligned, sync_free=True)
+        got, want = _both(_v_cast(mx), v, **kw)
+        assert got[1].shape[1] == Q.chunk_bound(v.shape[0], cu.numel() - 1, MX_BLOCK if mx else 128)
+        _assert_same_inside_bounds(got, want)
+
+
+@pytest.mark.parametrize("mx", [False, True], ids=["current", "mxfp8"])
+def test_sync_free_cast_replays_with_other_offsets(mx):
+    """Captured in a CUDA graph (so no host read), a sync_free V cast replayed on other
+    cu_seqlens contents gives the eager cast of those offsets."""
+    gen = torch.Generator().manual_seed(8)
+    v = _random((400, 2, 128), torch.bfloat16, gen).cuda()
+    packs = [[0, 130, 131, 300], [0, 5, 205, 400], [0, 0, 77, 77]]
+    cu = torch.tensor(packs[0], dtype=torch.int32, device="cuda")
+    kw = dict(qkv_format="thd", cu_seqlens=cu, aligned_columns=True, sync_free=True)
+    _v_cast(mx)(v, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _v_cast(mx)(v, **kw)
+    for pack in packs[1:] + packs[:1]:
+        cu.copy_(torch.tensor(pack, dtype=torch.int32))
+        graph.replay()
+        _assert_same_inside_bounds(captured, _v_cast(mx)(v, backend="torch", **kw))
+
+
 # ---------------------------------------------------------------------------------------------
 # Strided views of TE's packed layouts, unaligned views, GQA
 

@@ -730,3 +730,48 @@ def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, cudnn_backward_
     future_out, _ = step(graphed, q, k, v_future.requires_grad_())
     assert torch.equal(future_out[:, :t], got_out[:, :t])
     assert not torch.equal(future_out[:, t:], got_out[:, t:])  # the replay saw the new values
+
+
+@pytest.mark.parametrize("kind", ["current", "mxfp8"])
+def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backward_runs):
+    """thd under make_graphed_callables, the offsets static inputs of the graph: the fork's
+    forward and cuDNN backward are captured, and replays with other cu_seqlens contents (the same
+    number of sequences, real lengths <= max_seqlen) give the eager step's bits, output and
+    gradients, on every token of a sequence."""
+    recipe = recipe_for(kind)
+    h, h_kv, d, t, max_seqlen = 4, 2, 128, 512, 256
+    packs = [[0, 200, 201, 456], [0, 256, 300, 512], [0, 17, 100, 356]]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def inputs():
+        return [_rand(t, n, d, gen=gen).requires_grad_() for n in (h, h_kv, h_kv)]
+
+    def offsets(pack):
+        cu = torch.tensor(pack, dtype=torch.int32, device="cuda")
+        return dict(
+            cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=max_seqlen,
+            max_seqlen_kv=max_seqlen,
+        )  # fmt: skip
+
+    dpa = te.DotProductAttention(
+        h, d, num_gqa_groups=h_kv, qkv_format="thd", attn_mask_type="padding_causal"
+    )
+    graphed = te.make_graphed_callables(
+        dpa, tuple(inputs()), sample_kwargs=offsets(packs[0]), enabled=True, recipe=recipe
+    )
+    assert kernel_runs and set(kernel_runs) == {kind} and cudnn_backward_runs  # fork captured
+    d_out = _rand(t, h * d, gen=gen)
+
+    def step(fn, q, k, v, kwargs):
+        with te.autocast(enabled=True, recipe=recipe):
+            out = fn(q, k, v, **kwargs)
+        grads = torch.autograd.grad(out, (q, k, v), d_out)
+        return out.detach().clone(), [g.clone() for g in grads]  # a replay reuses its buffers
+
+    for pack in packs[1:] + packs[:1]:
+        q, k, v = inputs()
+        got_out, got_grads = step(graphed, q, k, v, offsets(pack))
+        want_out, want_grads = step(dpa, q, k, v, offsets(pack))
+        end = pack[-1]  # tokens past the last sequence belong to none
+        assert torch.equal(got_out[:end], want_out[:end])
+        assert all(torch.equal(g[:end], w[:end]) for g, w in zip(got_grads, want_grads))

@@ -72,6 +72,9 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
     return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
             min(kChunk, p.seqlen - first)};
   }
+  // num_chunks may exceed the real count (a bound computed without reading cu_seqlens back):
+  // chunks from cu_chunks[num_seqs] on hold no token.
+  if (chunk >= __ldg(p.cu_chunks + p.num_seqs)) return {0, 0, 0};
   // The sequence of `chunk`: the last n with cu_chunks[n] <= chunk (skips empty sequences).
   int lo = 0;
   int hi = p.num_seqs - 1;
@@ -93,7 +96,7 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
 /* What one lane quantizes: 16 tokens (one token group of a chunk) x 8 channels of one head. */
 struct LaneTile {
   int head;
-  int chunk;    // num_chunks or more: past the last chunk (the lane only joins the shuffles)
+  int chunk;    // a chunk without tokens: past the last one (the lane only joins the shuffles)
   int group;    // 16-token group of the lane within its chunk
   int channel;  // first of the lane's 8 channels
   int first_lane_of_chunk;
@@ -180,15 +183,15 @@ __device__ float channel_multiplier(const ChunkParams &p, float amax, int64_t sc
 }
 
 /* Multipliers of the lane's 8 channels from their chunk amaxes (equal on the chunk's lanes). The
- * chunk's G lanes share the work: lane g computes (and writes the scales of) channels
- * g * 8 / G .. (g + 1) * 8 / G - 1, then each lane gathers all 8 by shuffles. */
+ * chunk's G lanes share the work: lane g computes (and, for a chunk that holds tokens, `writer`,
+ * writes the scales of) channels g * 8 / G .. (g + 1) * 8 / G - 1, then each lane gathers all 8
+ * by shuffles. */
 template <int kChunk, ChunkRule kRule>
-__device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane,
+__device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane, bool writer,
                                   const float (&amax)[kChannelsPerLane],
                                   float (&multiplier)[kChannelsPerLane]) {
   constexpr int kGroups = kChunk / kTokensPerLane;
   constexpr int kOwned = kChannelsPerLane / kGroups;  // channels whose scale this lane computes
-  const bool writer = lane.chunk < p.num_chunks;
   const int64_t scale_row =  // [heads, num_chunks, head_dim] index of the lane's first channel
       (static_cast<int64_t>(lane.head) * p.num_chunks + lane.chunk) * p.head_dim + lane.channel;
   float owned[kOwned];
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     amax[c] = group_max(amax[c], kChunk / kTokensPerLane);
   }
   float multiplier[kChannelsPerLane];
-  chunk_multipliers<kChunk, kRule>(p, lane, amax, multiplier);
+  chunk_multipliers<kChunk, kRule>(p, lane, span.len > 0, amax, multiplier);
   const int64_t column = span.column + lane.group * kTokensPerLane;
 #pragma unroll
   for (int c = 0; c < kChannelsPerLane; ++c) {

@@ -60,8 +60,10 @@ typedef struct {
  *   padded), cu_seqlens[0] == 0, non-decreasing, cu_seqlens[num_seqs] <= seqlen; tokens past
  *   cu_seqlens[num_seqs] belong to no sequence.
  *   cu_chunks: chunk offsets, cu_chunks[0] == 0 and cu_chunks[n + 1] - cu_chunks[n] ==
- *   ceil((cu_seqlens[n + 1] - cu_seqlens[n]) / chunk); num_chunks == cu_chunks[num_seqs].
- *   The device arrays are not read back by the host: the caller guarantees these relations.
+ *   ceil((cu_seqlens[n + 1] - cu_seqlens[n]) / chunk); num_chunks >= cu_chunks[num_seqs] (the
+ *   count itself, or a bound that needs no read-back: the scales' rows from cu_chunks[num_seqs]
+ *   on are left unwritten). The device arrays are not read back by the host: the caller
+ *   guarantees these relations.
  * Chunk c of sequence n holds its tokens [c * chunk, min((c + 1) * chunk, length)).
  *
  * columns (transposed outputs only): NULL, and token i goes to column i of data_t; or device

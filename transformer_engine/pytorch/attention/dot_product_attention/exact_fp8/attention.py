@@ -59,7 +59,8 @@ class _Sequences:
 
     cu_* [num_seqs + 1] int32 on the device: cu_q/cu_kv give the real lengths, cu_*_start the
     first token of each sequence (used by thd only; dense layouts have span_* tokens per sample).
-    span_*: tokens per sample (dense) or the largest sequence allocation (thd).
+    span_q: tokens per sample (dense), or max_seqlen_q (thd: the grid's rows per sequence; the
+    host never reads the offsets). span_kv: tokens per sample (dense), 0 (thd).
     """
 
     num_seqs: int
@@ -70,7 +71,7 @@ class _Sequences:
     cu_kv: torch.Tensor
     cu_kv_start: torch.Tensor
     varlen: bool
-    align_v: bool  # V8^T in vt_layout's aligned layout (some sequence starts off the 16-grid)
+    align_v: bool  # V8^T in vt_layout's aligned layout (thd, or dense samples off the 16-grid)
 
 
 def exact_fp8_attention_forward(
@@ -102,8 +103,10 @@ def exact_fp8_attention_forward(
     attn_mask_type / window_size: as masks.allowed_positions (TE's names; -1 = unbounded side).
     cu_seqlens_q/kv [num_seqs + 1] int32: thd sequence lengths (required), or the real lengths of
     bshd/sbhd samples under the padding mask types; cu_seqlens_*_padded: thd allocation.
-    max_seqlen_q: thd only, the largest allocated query sequence (computed from cu_seqlens_q
-    when absent, one host sync). max_seqlen_kv is accepted for TE's signature and not needed.
+    max_seqlen_q: thd only, at least the longest real query sequence (computed from
+    cu_seqlens_q when absent, one host sync); the grid covers that many rows per sequence, and
+    rows of a longer padded allocation are padding. max_seqlen_kv is accepted for TE's signature
+    and not needed.
 
     out: q's shape and dtype, contiguous; rows past a sequence's real length and rows that see
     no key are 0. lse: [h, t_q] fp32, natural log of the softmax denominator of the scaled scores,
@@ -113,9 +116,10 @@ def exact_fp8_attention_forward(
     for "current" or E8M0 codes [h, t_q, d // 32] uint8 for "mxfp8"); q then only gives the
     shape, dtype and layout. Used where the in-kernel cast cannot run (Triton's interpreter).
 
-    CUDA graphs: bshd and sbhd calls can be captured (torch.cuda.graph) once a call of the same
-    configuration has run outside the capture (Triton compiles there); cu_seqlens must then be
-    on the device. thd reads its sequence offsets on the host and raises under capture.
+    CUDA graphs: calls can be captured (torch.cuda.graph) once a call of the same configuration
+    has run outside the capture (Triton compiles there); cu_seqlens must then be on the device,
+    and thd needs max_seqlen_q. The host never reads thd offsets, so a replay may take other
+    cu_seqlens contents (the same number of sequences, real lengths <= max_seqlen_q).
 
     fp8_v_everywhere=True is a LEAKY lower bound for benchmarks only: every KV tile uses FP8 V,
     also the boundary tiles whose V chunks hold positions the mask hides, which breaks the
@@ -170,11 +174,9 @@ def _sequences(
 ) -> _Sequences:
     device = q.device
     if qkv_format == "thd":
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise ValueError(
-                "thd cannot be captured in a CUDA graph: the launcher reads the sequence offsets"
-                " on the host. Use bshd or sbhd (with a padding mask type for variable lengths)."
-            )
+        # The offsets stay on the device (no sync; capturable): the grid covers max_seqlen_q rows
+        # per sequence (the kernel zeroes a padded allocation's rows past it) and V8^T takes
+        # the aligned layout, whose columns and size need no offsets (see quantize's sync_free).
         if cu_q is None or cu_kv is None:
             raise ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
         cu_q, cu_kv = (_int32(x, device) for x in (cu_q, cu_kv))
@@ -182,13 +184,17 @@ def _sequences(
         start_kv = cu_kv if cu_kv_padded is None else _int32(cu_kv_padded, device)
         if not cu_q.shape == cu_kv.shape == start_q.shape == start_kv.shape:
             raise ValueError("cu_seqlens_q/kv (and their padded versions) must have equal lengths")
-        starts_q, starts_kv = start_q.tolist(), start_kv.tolist()
-        if max_seqlen_q is None or cu_q_padded is not None:
-            max_seqlen_q = max((b - a for a, b in zip(starts_q, starts_q[1:])), default=0)
+        if max_seqlen_q is None:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise ValueError(
+                    "thd under CUDA graph capture needs max_seqlen_q (the longest real query"
+                    " sequence, or more): the launcher cannot read cu_seqlens_q on the host"
+                )
+            max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
         span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
         return _Sequences(
-            cu_q.numel() - 1, max_seqlen_q, span_kv, cu_q, start_q, cu_kv, start_kv, True,
-            needs_alignment(starts_kv),
+            cu_q.numel() - 1, int(max_seqlen_q), span_kv, cu_q, start_q, cu_kv, start_kv, True,
+            True,
         )  # fmt: skip
     b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
@@ -234,19 +240,21 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
     Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
     first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling]. Sequences
     start at 16-token aligned columns of V8^T: the quantizer writes vt_layout's aligned layout
-    when some sequence's first token is not on the 16-grid.
+    for thd (whose offsets the host does not read: sizes are bounds, see quantize's sync_free)
+    and for dense samples whose first token is not on the 16-grid.
     """
     v = _d_contiguous(v)
     cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
+    layout = dict(
+        qkv_format=qkv_format, cu_seqlens=cu_seqlens, aligned_columns=seqs.align_v,
+        sync_free=seqs.varlen,
+    )  # fmt: skip
     if recipe == "mxfp8":
-        v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(
-            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, aligned_columns=seqs.align_v
-        )
+        v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(v, **layout)
     else:
         v8t, scales, cu_chunks = quantize.per_chunk_channel_cast_to_fp8_transposed(
-            v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, chunk=V_CHUNK_CURRENT,
-            use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
-            aligned_columns=seqs.align_v,
+            v, chunk=V_CHUNK_CURRENT, use_power_2_scales=use_power_2_scales,
+            amax_epsilon=amax_epsilon, **layout,
         )  # fmt: skip
     if seqs.varlen:
         cu_vt = aligned_column_starts(seqs.cu_kv_start) if seqs.align_v else seqs.cu_kv_start

@@ -327,6 +327,8 @@ def attention_forward_kernel(
     BN: tl.constexpr, BNB: tl.constexpr, QT: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_seqs * num_heads, query blocks of BM rows), the heaviest (last) blocks first.
+    thd: blocks for max_seqlen_q rows (the launcher does not read the offsets); the rows of a
+    longer (padded) allocation past them are padding, written by the last block (0, LSE -inf).
 
     Q: [.., d] in its layout (strides b/s/h), or pre-quantized token-major [h, t, d] e4m3
     (QUANTIZE_Q False) with Q_SCALE [h, t] fp32 scale_inv ([h, t, d // 32] E8M0 for MXFP8).
@@ -359,10 +361,9 @@ def attention_forward_kernel(
     rows_in = rows < span_q
     tok_kv = start_kv.to(tl.int64)  # token-major index of the sequence's first key
     tok_q = start_q.to(tl.int64) + rows  # token-major index of each row
-    # Q, V, O in their layouts: sample offset (dense; stride_*b is 0 for thd) + token offset.
+    # Q and V in their layouts: sample offset (dense; stride_*b is 0 for thd) + token offset.
     row_q = tl.where(varlen != 0, tok_q, rows.to(tl.int64))
     q_off = seq.to(tl.int64) * stride_qb + row_q * stride_qs + head * stride_qh
-    o_off = seq.to(tl.int64) * stride_ob + row_q * stride_os + head * stride_oh
     first_kv = tl.where(varlen != 0, tok_kv, 0)
     v_seq = V + seq.to(tl.int64) * stride_vb + first_kv * stride_vs + kv_head * stride_vh
     scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
@@ -421,7 +422,31 @@ def attention_forward_kernel(
     out = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])  # correctly rounded
     out = tl.where(seen[:, None], out, 0.0)
     lse = tl.where(seen, (m_i + tl.math.log2(l_i) - LOG2_P_SCALE) * LN2, float("-inf"))
-    offs_d = tl.arange(0, HEAD_DIM)
-    o_ptrs = O + o_off[:, None] + offs_d[None, :]
+    out_rows = (
+        O, LSE, span_q, seq, head, start_q, varlen, stride_ob, stride_os, stride_oh, stride_lh
+    )  # fmt: skip
+    _store_rows(out, lse, rows, out_rows, HEAD_DIM)
+    if tl.program_id(1) == 0:
+        # thd: the grid covers max_seqlen_q rows of each sequence; a padded allocation's rows
+        # past them see nothing (they are past the real length) and are written here.
+        zeros = tl.zeros([BM, HEAD_DIM], tl.float32)
+        no_keys = tl.full([BM], float("-inf"), tl.float32)
+        for row0 in range(tl.num_programs(1) * BM, span_q, BM):
+            _store_rows(zeros, no_keys, row0 + tl.arange(0, BM), out_rows, HEAD_DIM)
+
+
+@triton.jit
+def _store_rows(out, lse, rows, out_rows, HEAD_DIM: tl.constexpr):
+    """out [BM, D] and lse [BM] into O and LSE at the sequence's rows `rows` below its span.
+
+    out_rows: (O, LSE, span_q, seq, head, start_q, varlen, stride_ob, stride_os, stride_oh,
+    stride_lh), as attention_forward_kernel's."""
+    O, LSE, span_q, seq, head, start_q, varlen = out_rows[:7]
+    stride_ob, stride_os, stride_oh, stride_lh = out_rows[7:]
+    rows_in = rows < span_q
+    tok_q = start_q.to(tl.int64) + rows  # token-major index of each row
+    row_o = tl.where(varlen != 0, tok_q, rows.to(tl.int64))  # O in its layout, as Q
+    o_off = seq.to(tl.int64) * stride_ob + row_o * stride_os + head * stride_oh
+    o_ptrs = O + o_off[:, None] + tl.arange(0, HEAD_DIM)[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rows_in[:, None])
     tl.store(LSE + head.to(tl.int64) * stride_lh + tok_q, lse, mask=rows_in)

@@ -106,11 +106,6 @@ def unsupported_reason(
             % tuple(compute_capability),
         ),
         (onnx_export, "ONNX export"),
-        (
-            params.cuda_graph and q_format == "thd",
-            "CUDA graph capture with qkv_format='thd' (the launcher reads the sequence offsets"
-            " on the host)",
-        ),
         (params.qkv_dtype not in _DTYPES, f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"),
         (
             params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
@@ -26,6 +27,7 @@ from .reference_attention import to_tokens
 from .vt_layout import (
     aligned_column_starts,
     aligned_column_starts_list,
+    aligned_width_bound,
     dense_column_starts,
     dense_offsets,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "MAX_MX_HEAD_DIM",
     "CHUNK_SIZES",
     "TOKEN_PAD",
+    "chunk_bound",
     "extension_available",
     "per_token_cast_to_fp8",
     "per_chunk_channel_cast_to_fp8_transposed",
@@ -270,10 +273,18 @@ def per_block_cast_to_mxfp8_rowwise(
 
 @dataclass(frozen=True)
 class _Sequences:
-    """V's sequences along its token axis: chunks start at each one's first token."""
+    """V's sequences along its token axis: chunks start at each one's first token.
 
-    layout: SeqLayout
+    layout None (thd, sync_free): the offsets stay on the device; sizes are bounds over every
+    cu_seqlens of the pack's token count (chunk_bound, aligned_width_bound).
+    """
+
+    layout: Optional[SeqLayout]
     cu_seqlens: Optional[torch.Tensor]  # [n_seqs + 1] int32 on v's device; None for bshd/sbhd
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.numel() - 1 if self.layout is None else self.layout.num_seqs
 
     def cu_chunks(self, chunk: int) -> List[int]:
         """[n_seqs + 1] chunk offsets: sequence n owns chunks cu[n] .. cu[n + 1] - 1."""
@@ -282,9 +293,25 @@ class _Sequences:
             out.append(out[-1] + (span + chunk - 1) // chunk)
         return out
 
+    def num_chunks(self, chunk: int, tokens: int) -> int:
+        """Rows of the scales: the chunk count, or its bound when the offsets stay on the device."""
+        if self.layout is None:
+            return chunk_bound(tokens, self.num_seqs, chunk)
+        return self.cu_chunks(chunk)[-1]
+
+
+def chunk_bound(tokens: int, num_seqs: int, chunk: int) -> int:
+    """The most chunks that num_seqs sequences of `tokens` tokens in all can have: sum over n of
+    ceil(len_n / chunk) <= (tokens + num_seqs * (chunk - 1)) / chunk."""
+    return (tokens + num_seqs * (chunk - 1)) // chunk
+
 
 def _sequences(
-    v: torch.Tensor, geo: _Geometry, qkv_format: str, cu_seqlens: Optional[torch.Tensor]
+    v: torch.Tensor,
+    geo: _Geometry,
+    qkv_format: str,
+    cu_seqlens: Optional[torch.Tensor],
+    sync_free: bool,
 ) -> _Sequences:
     if qkv_format != "thd":
         if cu_seqlens is not None:
@@ -309,6 +336,8 @@ def _sequences(
         raise ValueError(
             f"cu_seqlens is on {cu_seqlens.device} but v on {v.device}: both must be on one device"
         )
+    if sync_free:
+        return _Sequences(None, cu_seqlens.contiguous())
     offsets = cu_seqlens.tolist()
     if (
         offsets[0] != 0
@@ -323,10 +352,13 @@ def _sequences(
 
 
 def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> torch.Tensor:
-    """cu_chunks on the device; bshd/sbhd take it from the per-shape cache (read-only)."""
+    """cu_chunks on the device, from cu_seqlens there (no read-back, no copy); bshd/sbhd take it
+    from the per-shape cache (read-only)."""
     if seqs.cu_seqlens is None:
         return dense_offsets(geo.batch, (geo.seqlen + chunk - 1) // chunk, device)
-    return torch.tensor(seqs.cu_chunks(chunk), dtype=torch.int32, device=device)
+    cu = seqs.cu_seqlens
+    per_seq = (cu[1:] - cu[:-1] + chunk - 1) // chunk
+    return F.pad(torch.cumsum(per_seq, 0, dtype=torch.int32), (1, 0))
 
 
 def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
@@ -336,29 +368,34 @@ def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
     return aligned_column_starts(seqs.cu_seqlens)
 
 
-def _output_columns(seqs: _Sequences, geo: _Geometry, aligned: bool) -> Tuple[List[int], int]:
-    """(each sequence's first column in data_t, then the end of the last; data_t's width).
-
-    Token i in column i (width: t rounded up to TOKEN_PAD), or with `aligned` the layout of
-    vt_layout.aligned_column_starts_list: each sequence on a multiple of ALIGN_COLUMNS."""
-    starts = list(seqs.layout.starts) + [seqs.layout.total]
+def _output_width(seqs: _Sequences, geo: _Geometry, aligned: bool) -> int:
+    """data_t's width: t rounded up to TOKEN_PAD (token i in column i), or with `aligned` the end
+    of the aligned layout's last sequence (its bound when the offsets stay on the device)."""
     if not aligned:
-        return starts, -(-geo.tokens // TOKEN_PAD) * TOKEN_PAD
-    columns = aligned_column_starts_list(starts)
-    return columns, columns[-1]
+        return -(-geo.tokens // TOKEN_PAD) * TOKEN_PAD
+    if seqs.layout is None:
+        return aligned_width_bound(geo.tokens, seqs.num_seqs)
+    return _output_columns(seqs.layout, True)[-1]
+
+
+def _output_columns(layout: SeqLayout, aligned: bool) -> List[int]:
+    """Each sequence's first column in data_t, then the end of the last: token i in column i, or
+    with `aligned` the layout of vt_layout.aligned_column_starts_list."""
+    starts = list(layout.starts) + [layout.total]
+    return aligned_column_starts_list(starts) if aligned else starts
 
 
 def _chunked_cast_transposed(
-    v, qkv_format, cu_seqlens, chunk, backend, current, aligned_columns, **scale_kw
+    v, qkv_format, cu_seqlens, chunk, backend, current, aligned_columns, sync_free, **scale_kw
 ):
     """Common body of the two V casts; `current` picks the current (else the MXFP8) rule."""
     geo = _geometry(v, qkv_format, "v")
     (_check_current_head_dim if current else _check_mx_head_dim)(geo.head_dim, "v")
     if chunk not in CHUNK_SIZES:
         raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
-    seqs = _sequences(v, geo, qkv_format, cu_seqlens)
-    columns, width = _output_columns(seqs, geo, aligned_columns)
-    num_chunks = seqs.cu_chunks(chunk)[-1]
+    seqs = _sequences(v, geo, qkv_format, cu_seqlens, sync_free)
+    width = _output_width(seqs, geo, aligned_columns)
+    num_chunks = seqs.num_chunks(chunk, geo.tokens)
     scale_dtype = torch.float32 if current else torch.uint8
     if _use_cuda(backend, v):
         cu_chunks = _device_cu_chunks(seqs, geo, chunk, v.device)
@@ -370,7 +407,7 @@ def _chunked_cast_transposed(
         chunks = _ext.Chunks(
             cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
             cu_chunks=cu_chunks.data_ptr(),
-            num_seqs=seqs.layout.num_seqs,
+            num_seqs=seqs.num_seqs,
             num_chunks=num_chunks,
             chunk=chunk,
             columns=0 if device_columns is None else device_columns.data_ptr(),
@@ -383,13 +420,17 @@ def _chunked_cast_transposed(
         view = _token_view(v, geo)
         _launch(v, kernel, view, chunks, *args, data_t.data_ptr(), width, scales.data_ptr())
         return data_t, scales, cu_chunks
+    layout = seqs.layout or _sequences(v, geo, qkv_format, cu_seqlens, False).layout
     return _reference_chunked_cast(
-        v, qkv_format, seqs, geo, chunk, columns, width, current, **scale_kw
+        v, qkv_format, layout, geo, chunk, aligned_columns, width, num_chunks, current, **scale_kw
     )
 
 
-def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, columns, width, current, **scale_kw):
-    layout = seqs.layout
+def _reference_chunked_cast(
+    v, qkv_format, layout, geo, chunk, aligned, width, num_chunks, current, **scale_kw
+):
+    """The reference's outputs in the CUDA path's shapes (num_chunks and width: bounds or the
+    exact sizes; the bound's extra scale rows are 1 for current scaling, code 127 for MXFP8)."""
     tokens = _cpu_tokens(v, qkv_format)[: layout.total]  # [total, h, d]
     if current:
         data, scales, cu_chunks = ref.per_chunk_channel_cast_to_fp8(
@@ -398,11 +439,14 @@ def _reference_chunked_cast(v, qkv_format, seqs, geo, chunk, columns, width, cur
     else:
         data, scales, cu_chunks = ref.per_chunk_cast_to_mxfp8_columnwise(tokens, layout)
     data_t = torch.zeros(geo.heads, geo.head_dim, width, dtype=_FP8)  # [h, d, width]
-    for start, span, column in zip(layout.starts, layout.spans, columns):
+    for start, span, column in zip(layout.starts, layout.spans, _output_columns(layout, aligned)):
         data_t[:, :, column : column + span] = data[start : start + span].permute(1, 2, 0)
+    unit = 1.0 if current else 127  # scale_inv 1 / E8M0 code of 2^0
+    pad_rows = scales.new_full((num_chunks - scales.shape[0], *scales.shape[1:]), unit)
+    scales = torch.cat([scales, pad_rows]).transpose(0, 1).contiguous()  # [h, num_chunks, d]
     return (
         data_t.to(v.device),
-        scales.transpose(0, 1).contiguous().to(v.device),  # [h, n_chunks, d]
+        scales.to(v.device),
         torch.tensor(cu_chunks, dtype=torch.int32, device=v.device),
     )
 
@@ -416,6 +460,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
     use_power_2_scales: bool = False,
     amax_epsilon: float = 0.0,
     aligned_columns: bool = False,
+    sync_free: bool = False,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """E4M3 with one current scale per (kv-head, chunk of `chunk` tokens, channel): V, transposed.
@@ -433,6 +478,12 @@ def per_chunk_channel_cast_to_fp8_transposed(
     vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 16, for the attention
     kernel's TMA boxes; width: the list's last entry) and 0 in the columns between sequences.
     Same bytes, other columns: this decides nothing about the quantization.
+    sync_free (thd): never read cu_seqlens back to the host (no device sync; the call can be
+    captured in a CUDA graph and replayed with other cu_seqlens contents). cu_seqlens is then not
+    checked against t, and the sizes are bounds over every cu_seqlens of n_seqs sequences in t
+    tokens: n_chunks = chunk_bound(t, n_seqs, chunk) (rows past cu_chunks[-1] unspecified: the
+    CUDA kernel leaves them unwritten) and, with aligned_columns, width =
+    vt_layout.aligned_width_bound(t, n_seqs) (the columns past the last sequence are 0).
     """
     return _chunked_cast_transposed(
         v,
@@ -442,6 +493,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
         backend,
         True,
         aligned_columns,
+        sync_free,
         use_power_2_scales=bool(use_power_2_scales),
         amax_epsilon=float(amax_epsilon),
     )
@@ -453,6 +505,7 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     qkv_format: str,
     cu_seqlens: Optional[torch.Tensor] = None,
     aligned_columns: bool = False,
+    sync_free: bool = False,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP8 along the tokens (TE's columnwise usage), one E8M0 code per 32 tokens: V, transposed.
@@ -461,8 +514,8 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
     and cu_chunks [n_seqs + 1] int32 (read-only for bshd/sbhd). See Note [Mask-exact FP8
-    scaling]. aligned_columns: as for per_chunk_channel_cast_to_fp8_transposed.
+    scaling]. aligned_columns, sync_free: as for per_chunk_channel_cast_to_fp8_transposed.
     """
     return _chunked_cast_transposed(
-        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns
+        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns, sync_free
     )

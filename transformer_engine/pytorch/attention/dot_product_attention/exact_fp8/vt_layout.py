@@ -2,12 +2,13 @@
 
 The kernel reads FP8 V^T tiles through TMA boxes, which start on 16-byte (16-column) boundaries,
 so every sequence must start on a multiple of ALIGN_COLUMNS. With token i in column i (the V
-quantizer's plain layout) that holds when every sequence's first token does. When one does not (a
-thd pack with arbitrary cu_seqlens, or dense samples whose length is not a multiple of 16), the
-quantizer writes the aligned layout instead (`aligned_columns=True`): sequence n's tokens from
-column aligned_column_starts(starts)[n] on, each span rounded up to a multiple of ALIGN_COLUMNS,
-the columns between them 0. Values and scales are the same: this decides nothing about the
-quantization.
+quantizer's plain layout) that holds when every sequence's first token does. When one does not
+(dense samples whose length is not a multiple of 16), or may not (a thd pack: the launcher does
+not read its offsets back), the quantizer writes the aligned layout instead
+(`aligned_columns=True`): sequence n's tokens from column aligned_column_starts(starts)[n] on,
+each span rounded up to a multiple of ALIGN_COLUMNS, the columns between them 0 (for a thd pack
+whose starts are on the 16-grid, the plain layout's columns). Values and scales are the same:
+this decides nothing about the quantization.
 """
 
 import functools
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGN_COLUMNS", "needs_alignment", "aligned_column_starts", "aligned_column_starts_list",
-    "dense_column_starts", "dense_offsets",
+    "aligned_width_bound", "dense_column_starts", "dense_offsets",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
@@ -36,6 +37,12 @@ def aligned_column_starts_list(starts: List[int]) -> List[int]:
     for a, b in zip(starts, starts[1:]):
         columns.append(columns[-1] + -(-(b - a) // ALIGN_COLUMNS) * ALIGN_COLUMNS)
     return columns
+
+
+def aligned_width_bound(tokens: int, num_seqs: int) -> int:
+    """The widest aligned layout of num_seqs sequences of `tokens` tokens in all (each sequence
+    rounds up by at most ALIGN_COLUMNS - 1 columns): a width for it without reading the starts."""
+    return -(-(tokens + num_seqs * (ALIGN_COLUMNS - 1)) // ALIGN_COLUMNS) * ALIGN_COLUMNS
 
 
 def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
