@@ -732,6 +732,21 @@ def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, cudnn_backward_
     assert not torch.equal(future_out[:, t:], got_out[:, t:])  # the replay saw the new values
 
 
+class _PackedAttention(torch.nn.Module):
+    """DotProductAttention over a thd pack whose offsets are tensor inputs (what a graph can take
+    as static inputs; TE's make_graphed_callables needs tensors) and max_seqlen a constant."""
+
+    def __init__(self, dpa, max_seqlen):
+        super().__init__()
+        self.dpa, self.max_seqlen = dpa, max_seqlen
+
+    def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_kv):
+        return self.dpa(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+            max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", ["current", "mxfp8"])
 def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backward_runs):
     """thd under make_graphed_callables, the offsets static inputs of the graph: the fork's
@@ -739,7 +754,7 @@ def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backw
     number of sequences, real lengths <= max_seqlen) give the eager step's bits, output and
     gradients, on every token of a sequence."""
     recipe = recipe_for(kind)
-    h, h_kv, d, t, max_seqlen = 4, 2, 128, 512, 256
+    h, h_kv, d, t = 4, 2, 128, 512
     packs = [[0, 200, 201, 456], [0, 256, 300, 512], [0, 17, 100, 356]]
     gen = torch.Generator(device="cuda").manual_seed(7)
 
@@ -748,16 +763,14 @@ def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backw
 
     def offsets(pack):
         cu = torch.tensor(pack, dtype=torch.int32, device="cuda")
-        return dict(
-            cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=max_seqlen,
-            max_seqlen_kv=max_seqlen,
-        )  # fmt: skip
+        return dict(cu_seqlens_q=cu, cu_seqlens_kv=cu.clone())
 
     dpa = te.DotProductAttention(
         h, d, num_gqa_groups=h_kv, qkv_format="thd", attn_mask_type="padding_causal"
     )
+    packed = _PackedAttention(dpa, max_seqlen=256)
     graphed = te.make_graphed_callables(
-        dpa, tuple(inputs()), sample_kwargs=offsets(packs[0]), enabled=True, recipe=recipe
+        packed, tuple(inputs()), sample_kwargs=offsets(packs[0]), enabled=True, recipe=recipe
     )
     assert kernel_runs and set(kernel_runs) == {kind} and cudnn_backward_runs  # fork captured
     d_out = _rand(t, h * d, gen=gen)
@@ -771,7 +784,7 @@ def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backw
     for pack in packs[1:] + packs[:1]:
         q, k, v = inputs()
         got_out, got_grads = step(graphed, q, k, v, offsets(pack))
-        want_out, want_grads = step(dpa, q, k, v, offsets(pack))
+        want_out, want_grads = step(packed, q, k, v, offsets(pack))
         end = pack[-1]  # tokens past the last sequence belong to none
         assert torch.equal(got_out[:end], want_out[:end])
         assert all(torch.equal(g[:end], w[:end]) for g, w in zip(got_grads, want_grads))
