@@ -21,6 +21,7 @@ from . import REPO_ROOT, env
 
 MODULE_NAME = "transformer_engine_exact_fp8"
 CUDA_SOURCES = (
+    "transformer_engine/common/fused_attn/exact_fp8_offsets.cu",
     "transformer_engine/common/fused_attn/exact_fp8_quantize.cu",
     "transformer_engine/common/fused_attn/exact_fp8_rowwise.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed.cu",

@@ -342,10 +342,9 @@ def test_sync_free_sizes_are_bounds_and_the_bytes_are_the_same(seed):
             assert bound[0].shape == exact[0].shape
         assert torch.equal(bound[0][..., :width].view(torch.uint8), exact[0].view(torch.uint8))
         assert not bound[0][..., width:].view(torch.uint8).any()
-    seqs = Q._Sequences(None, cu)
-    geo = Q._geometry(v, "thd", "v")
-    device_cu_chunks = Q._device_cu_chunks(seqs, geo, chunk, cu.device)
-    assert device_cu_chunks.dtype == torch.int32 and torch.equal(device_cu_chunks, exact[2])
+    cu_chunks, columns = Q.sequence_offsets(cu, chunk)  # torch operations on the CPU
+    assert cu_chunks.dtype == columns.dtype == torch.int32 and torch.equal(cu_chunks, exact[2])
+    assert columns.tolist() == vt_layout.aligned_column_starts_list(starts)
 
 
 def test_bounds_are_reached():

@@ -211,6 +211,24 @@ def test_large_inputs_match_reference(case):
     assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
 
+@pytest.mark.parametrize("num_seqs", [1, 3, 255, 256, 257, 5000])
+@pytest.mark.parametrize("chunk", Q.CHUNK_SIZES)
+def test_sequence_offsets_kernel_matches_torch(num_seqs, chunk):
+    """The offsets kernel (one block, 256 sequences per scan round, a carry between rounds)
+    against the torch formulas: random lengths, a fifth of the sequences empty."""
+    gen = torch.Generator().manual_seed(num_seqs * 7 + chunk)
+    lens = torch.randint(0, 300, (num_seqs,), generator=gen)
+    lens *= torch.rand(num_seqs, generator=gen) > 0.2
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).int().cuda()
+    got = Q.sequence_offsets(cu, chunk, backend="cuda")
+    want = Q.sequence_offsets(cu, chunk, backend="torch")
+    assert_bitwise(got[0], want[0])
+    assert_bitwise(got[1], want[1])
+    cu_chunks, no_columns = Q.sequence_offsets(cu, chunk, aligned_columns=False, backend="cuda")
+    assert no_columns is None
+    assert_bitwise(cu_chunks, want[0])
+
+
 def _v_cast(mx):
     if mx:
         return Q.per_chunk_cast_to_mxfp8_columnwise_transposed
@@ -526,3 +544,8 @@ def test_c_api_errors_become_python_exceptions():
         ext.per_chunk_channel_cast_transposed(
             view, chunks, False, 0.0, out.data_ptr(), 16, scale.data_ptr(), 0
         )
+    cu = torch.zeros(3, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="nvte_exact_fp8_sequence_offsets: chunk must be"):
+        ext.sequence_offsets(cu.data_ptr(), 2, 48, cu.data_ptr(), 0, 0)
+    with pytest.raises(ValueError, match="num_seqs must be"):
+        ext.sequence_offsets(cu.data_ptr(), 0, 32, cu.data_ptr(), 0, 0)

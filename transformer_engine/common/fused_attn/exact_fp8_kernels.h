@@ -52,6 +52,11 @@ cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8Token
                                          uint8_t *data_t, int64_t data_t_stride, void *scales,
                                          cudaStream_t stream);
 
+/* Offsets of a thd pack's sequences ([num_seqs + 1] int32 each, columns may be null): see
+ * nvte_exact_fp8_sequence_offsets. */
+cudaError_t launch_sequence_offsets(const int32_t *cu_seqlens, int num_seqs, int chunk,
+                                    int32_t *cu_chunks, int32_t *columns, cudaStream_t stream);
+
 }  // namespace exact_fp8
 }  // namespace transformer_engine
 

@@ -1,7 +1,7 @@
 /*
  * C API of the mask-exact FP8 quantizers (transformer_engine/exact_fp8_quantize.h): argument
- * validation, error reporting, dispatch to the kernels of exact_fp8_rowwise.cu and
- * exact_fp8_transposed.cu.
+ * validation, error reporting, dispatch to the kernels of exact_fp8_rowwise.cu,
+ * exact_fp8_transposed.cu and exact_fp8_offsets.cu.
  */
 #include <stdint.h>
 
@@ -217,6 +217,26 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
                                          static_cast<uint8_t *>(data_t), data_t_stride, scales,
                                          stream),
         kName);
+  });
+}
+
+NVTEExactFP8Status nvte_exact_fp8_sequence_offsets(const int32_t *cu_seqlens, int64_t num_seqs,
+                                                   int32_t chunk, int32_t *cu_chunks,
+                                                   int32_t *columns, cudaStream_t stream) {
+  constexpr const char *kName = "nvte_exact_fp8_sequence_offsets";
+  return ef::guarded(kName, [&]() {
+    std::string err;
+    if (cu_seqlens == nullptr || cu_chunks == nullptr) err = "cu_seqlens or cu_chunks is NULL";
+    if (err.empty() && (num_seqs < 1 || num_seqs >= ef::kMaxInt32)) {
+      err = "num_seqs must be in [1, 2^31 - 1), got " + ef::num(num_seqs);
+    }
+    if (err.empty() && chunk != 16 && chunk != 32 && chunk != 64 && chunk != 128) {
+      err = "chunk must be 16, 32, 64 or 128 tokens, got " + ef::num(chunk);
+    }
+    if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
+    return ef::finish(ef::launch_sequence_offsets(cu_seqlens, static_cast<int>(num_seqs), chunk,
+                                                  cu_chunks, columns, stream),
+                      kName);
   });
 }
 

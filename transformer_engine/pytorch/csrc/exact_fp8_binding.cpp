@@ -120,4 +120,16 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
       py::arg("v"), py::arg("chunks"), py::arg("data_t"), py::arg("data_t_stride"),
       py::arg("scales"), py::arg("stream"),
       "MXFP8 along the tokens: data_t [h, d, stride], E8M0 scales [h, n_chunks, d].");
+
+  m.def(
+      "sequence_offsets",
+      [](uintptr_t cu_seqlens, int64_t num_seqs, int32_t chunk, uintptr_t cu_chunks,
+         uintptr_t columns, uintptr_t stream) {
+        check(nvte_exact_fp8_sequence_offsets(as_ptr<const int32_t>(cu_seqlens), num_seqs, chunk,
+                                              as_ptr<int32_t>(cu_chunks), as_ptr<int32_t>(columns),
+                                              as_stream(stream)));
+      },
+      py::arg("cu_seqlens"), py::arg("num_seqs"), py::arg("chunk"), py::arg("cu_chunks"),
+      py::arg("columns"), py::arg("stream"),
+      "A thd pack's chunk offsets and aligned columns (columns 0: not computed), on the device.");
 }

@@ -127,6 +127,18 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
     const NVTEExactFP8TokenView *v, const NVTEExactFP8Chunks *chunks, void *data_t,
     int64_t data_t_stride, uint8_t *scales, cudaStream_t stream);
 
+/*
+ * The offsets NVTEExactFP8Chunks takes for a thd pack, computed on the device (nothing is read
+ * back to the host): from cu_seqlens [num_seqs + 1] (non-decreasing, as NVTEExactFP8Chunks
+ * requires), cu_chunks[n] = the sum over m < n of ceil(len_m / chunk) and, when columns is not
+ * NULL, columns[n] = the sum over m < n of len_m rounded up to a multiple of 16 (the aligned
+ * layout), len_m = cu_seqlens[m + 1] - cu_seqlens[m]. cu_chunks, columns: device int32
+ * [num_seqs + 1]. chunk in {16, 32, 64, 128}.
+ */
+NVTEExactFP8Status nvte_exact_fp8_sequence_offsets(const int32_t *cu_seqlens, int64_t num_seqs,
+                                                   int32_t chunk, int32_t *cu_chunks,
+                                                   int32_t *columns, cudaStream_t stream);
+
 /* Message of the last failed call on this host thread ("" if none failed). */
 const char *nvte_exact_fp8_last_error(void);
 

@@ -28,7 +28,6 @@ from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
 from .vt_layout import (
-    aligned_column_starts,
     dense_column_starts,
     dense_offsets,
     needs_alignment,
@@ -256,8 +255,9 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
             v, chunk=V_CHUNK_CURRENT, use_power_2_scales=use_power_2_scales,
             amax_epsilon=amax_epsilon, **layout,
         )  # fmt: skip
-    if seqs.varlen:
-        cu_vt = aligned_column_starts(seqs.cu_kv_start) if seqs.align_v else seqs.cu_kv_start
+    if seqs.varlen:  # the aligned layout's columns (seqs.align_v), as the quantizer found them
+        chunk = MX_BLOCK if recipe == "mxfp8" else V_CHUNK_CURRENT
+        _, cu_vt = quantize.sequence_offsets(seqs.cu_kv_start, chunk)
     else:
         cu_vt = dense_column_starts(seqs.num_seqs, seqs.span_kv, v.device, seqs.align_v)
     return v8t, scales, cu_chunks, cu_vt

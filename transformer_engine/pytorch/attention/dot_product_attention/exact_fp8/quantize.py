@@ -49,6 +49,7 @@ __all__ = [
     "TOKEN_PAD",
     "chunk_bound",
     "extension_available",
+    "sequence_offsets",
     "per_token_cast_to_fp8",
     "per_chunk_channel_cast_to_fp8_transposed",
     "per_block_cast_to_mxfp8_rowwise",
@@ -351,21 +352,44 @@ def _sequences(
     return _Sequences(SeqLayout.varlen(offsets), cu_seqlens.contiguous())
 
 
-def _device_cu_chunks(seqs: _Sequences, geo: _Geometry, chunk: int, device) -> torch.Tensor:
-    """cu_chunks on the device, from cu_seqlens there (no read-back, no copy); bshd/sbhd take it
-    from the per-shape cache (read-only)."""
-    if seqs.cu_seqlens is None:
-        return dense_offsets(geo.batch, (geo.seqlen + chunk - 1) // chunk, device)
-    cu = seqs.cu_seqlens
-    per_seq = (cu[1:] - cu[:-1] + chunk - 1) // chunk
-    return F.pad(torch.cumsum(per_seq, 0, dtype=torch.int32), (1, 0))
+def sequence_offsets(
+    cu_seqlens: torch.Tensor, chunk: int, *, aligned_columns: bool = True, backend: str = "auto"
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A thd pack's offsets for the V casts, on cu_seqlens' device, never read by the host.
+
+    cu_seqlens: [n_seqs + 1] int32 (non-decreasing: not checked). Returns cu_chunks
+    [n_seqs + 1] int32 (sequence n's first chunk of `chunk` tokens, as the V casts return it) and,
+    with aligned_columns, columns [n_seqs + 1] int32 (its first column of the aligned layout:
+    vt_layout.aligned_column_starts), else None. One kernel launch for CUDA tensors when the
+    extension is built (backend "auto" or "cuda"), else small torch operations.
+    """
+    if chunk not in CHUNK_SIZES:
+        raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cuda" or (backend == "auto" and cu_seqlens.is_cuda and _ext is not None):
+        _use_cuda("cuda", cu_seqlens)  # the checks of backend="cuda"
+        cu_seqlens = cu_seqlens.contiguous()
+        cu_chunks = torch.empty_like(cu_seqlens)
+        columns = torch.empty_like(cu_seqlens) if aligned_columns else None
+        _launch(
+            cu_seqlens, _ext.sequence_offsets, cu_seqlens.data_ptr(), cu_seqlens.numel() - 1,
+            chunk, cu_chunks.data_ptr(), 0 if columns is None else columns.data_ptr(),
+        )  # fmt: skip
+        return cu_chunks, columns
+    per_seq = (cu_seqlens[1:] - cu_seqlens[:-1] + chunk - 1) // chunk
+    cu_chunks = F.pad(torch.cumsum(per_seq, 0, dtype=torch.int32), (1, 0))
+    return cu_chunks, aligned_column_starts(cu_seqlens) if aligned_columns else None
 
 
-def _device_columns(seqs: _Sequences, geo: _Geometry, device) -> torch.Tensor:
-    """_output_columns' aligned list, computed on the device (no host-to-device copy)."""
+def _device_offsets(seqs: _Sequences, geo: _Geometry, chunk: int, aligned: bool, device):
+    """(cu_chunks, columns or None) on the device for the CUDA kernels; bshd/sbhd take both from
+    the per-shape cache (read-only)."""
     if seqs.cu_seqlens is None:
-        return dense_column_starts(geo.batch, geo.seqlen, device, True)
-    return aligned_column_starts(seqs.cu_seqlens)
+        cu_chunks = dense_offsets(geo.batch, (geo.seqlen + chunk - 1) // chunk, device)
+        columns = dense_column_starts(geo.batch, geo.seqlen, device, True) if aligned else None
+        return cu_chunks, columns
+    return sequence_offsets(seqs.cu_seqlens, chunk, aligned_columns=aligned, backend="cuda")
 
 
 def _output_width(seqs: _Sequences, geo: _Geometry, aligned: bool) -> int:
@@ -398,12 +422,11 @@ def _chunked_cast_transposed(
     num_chunks = seqs.num_chunks(chunk, geo.tokens)
     scale_dtype = torch.float32 if current else torch.uint8
     if _use_cuda(backend, v):
-        cu_chunks = _device_cu_chunks(seqs, geo, chunk, v.device)
+        cu_chunks, device_columns = _device_offsets(seqs, geo, chunk, aligned_columns, v.device)
         data_t = torch.empty(geo.heads, geo.head_dim, width, dtype=_FP8, device=v.device)
         scales = torch.empty(
             geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
         )
-        device_columns = _device_columns(seqs, geo, v.device) if aligned_columns else None
         chunks = _ext.Chunks(
             cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
             cu_chunks=cu_chunks.data_ptr(),
