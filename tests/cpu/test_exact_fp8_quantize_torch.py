@@ -354,3 +354,12 @@ def test_bounds_are_reached():
     starts = list(range(6))
     assert vt_layout.aligned_column_starts_list(starts)[-1] == 5 * 16
     assert vt_layout.aligned_width_bound(5, 5) == 5 * 16
+
+
+def test_sequence_offsets_rejects_other_offsets():
+    with pytest.raises(ValueError, match="1-D int32"):
+        Q.sequence_offsets(torch.tensor([0, 5, 9]), 128)  # int64
+    with pytest.raises(ValueError, match="1-D int32"):
+        Q.sequence_offsets(torch.zeros(1, dtype=torch.int32), 128)
+    with pytest.raises(ValueError, match="chunk must be"):
+        Q.sequence_offsets(torch.tensor([0, 5], dtype=torch.int32), 48)

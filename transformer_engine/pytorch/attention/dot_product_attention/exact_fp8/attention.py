@@ -192,8 +192,8 @@ def _sequences(
             max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
         span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
         return _Sequences(
-            cu_q.numel() - 1, int(max_seqlen_q), span_kv, cu_q, start_q, cu_kv, start_kv, True,
-            True,
+            cu_q.numel() - 1, int(max_seqlen_q), span_kv, cu_q, start_q, cu_kv, start_kv,
+            varlen=True, align_v=True,
         )  # fmt: skip
     b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]

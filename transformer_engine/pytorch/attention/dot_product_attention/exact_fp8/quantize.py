@@ -367,6 +367,11 @@ def sequence_offsets(
         raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            "cu_seqlens must be a 1-D int32 tensor with >= 2 entries, got"
+            f" {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
+        )
     if backend == "cuda" or (backend == "auto" and cu_seqlens.is_cuda and _ext is not None):
         _use_cuda("cuda", cu_seqlens)  # the checks of backend="cuda"
         cu_seqlens = cu_seqlens.contiguous()
