@@ -27,11 +27,7 @@ from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
 from .kernel_masking import UNBOUNDED
 from . import quantize
 from .masks import check_mask_type
-from .vt_layout import (
-    dense_column_starts,
-    dense_offsets,
-    needs_alignment,
-)
+from .vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -202,7 +198,7 @@ def _sequences(
     padding = "padding" in attn_mask_type
     cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
-    align_v = needs_alignment([i * s_kv for i in range(batch + 1)])
+    align_v = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n starts at token n * s_kv
     return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, align_v)
 
 
@@ -243,23 +239,21 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
     and for dense samples whose first token is not on the 16-grid.
     """
     v = _d_contiguous(v)
-    cu_seqlens = seqs.cu_kv_start if seqs.varlen else None
-    layout = dict(
-        qkv_format=qkv_format, cu_seqlens=cu_seqlens, aligned_columns=seqs.align_v,
-        sync_free=seqs.varlen,
-    )  # fmt: skip
+    chunk = MX_BLOCK if recipe == "mxfp8" else V_CHUNK_CURRENT
+    layout = dict(qkv_format=qkv_format, aligned_columns=seqs.align_v)
+    if seqs.varlen:  # the aligned layout's offsets (seqs.align_v), for the quantizer and the kernel
+        offsets = quantize.sequence_offsets(seqs.cu_kv_start, chunk)
+        layout.update(cu_seqlens=seqs.cu_kv_start, sync_free=True, offsets=offsets)
+        cu_vt = offsets[1]
+    else:
+        cu_vt = dense_column_starts(seqs.num_seqs, seqs.span_kv, v.device, seqs.align_v)
     if recipe == "mxfp8":
         v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(v, **layout)
     else:
         v8t, scales, cu_chunks = quantize.per_chunk_channel_cast_to_fp8_transposed(
-            v, chunk=V_CHUNK_CURRENT, use_power_2_scales=use_power_2_scales,
-            amax_epsilon=amax_epsilon, **layout,
+            v, chunk=chunk, use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
+            **layout,
         )  # fmt: skip
-    if seqs.varlen:  # the aligned layout's columns (seqs.align_v), as the quantizer found them
-        chunk = MX_BLOCK if recipe == "mxfp8" else V_CHUNK_CURRENT
-        _, cu_vt = quantize.sequence_offsets(seqs.cu_kv_start, chunk)
-    else:
-        cu_vt = dense_column_starts(seqs.num_seqs, seqs.span_kv, v.device, seqs.align_v)
     return v8t, scales, cu_chunks, cu_vt
 
 

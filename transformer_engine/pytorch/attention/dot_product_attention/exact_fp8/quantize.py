@@ -387,13 +387,16 @@ def sequence_offsets(
     return cu_chunks, aligned_column_starts(cu_seqlens) if aligned_columns else None
 
 
-def _device_offsets(seqs: _Sequences, geo: _Geometry, chunk: int, aligned: bool, device):
-    """(cu_chunks, columns or None) on the device for the CUDA kernels; bshd/sbhd take both from
-    the per-shape cache (read-only)."""
+def _device_offsets(seqs: _Sequences, geo: _Geometry, chunk: int, aligned: bool, offsets, device):
+    """(cu_chunks, columns or None) on the device for the CUDA kernels: thd's from `offsets` when
+    the caller computed them, else from sequence_offsets; bshd/sbhd take both from the per-shape
+    cache (read-only)."""
     if seqs.cu_seqlens is None:
         cu_chunks = dense_offsets(geo.batch, (geo.seqlen + chunk - 1) // chunk, device)
         columns = dense_column_starts(geo.batch, geo.seqlen, device, True) if aligned else None
         return cu_chunks, columns
+    if offsets is not None:
+        return offsets
     return sequence_offsets(seqs.cu_seqlens, chunk, aligned_columns=aligned, backend="cuda")
 
 
@@ -415,7 +418,16 @@ def _output_columns(layout: SeqLayout, aligned: bool) -> List[int]:
 
 
 def _chunked_cast_transposed(
-    v, qkv_format, cu_seqlens, chunk, backend, current, aligned_columns, sync_free, **scale_kw
+    v,
+    qkv_format,
+    cu_seqlens,
+    chunk,
+    backend,
+    current,
+    aligned_columns,
+    sync_free,
+    offsets,
+    **scale_kw,
 ):
     """Common body of the two V casts; `current` picks the current (else the MXFP8) rule."""
     geo = _geometry(v, qkv_format, "v")
@@ -427,7 +439,9 @@ def _chunked_cast_transposed(
     num_chunks = seqs.num_chunks(chunk, geo.tokens)
     scale_dtype = torch.float32 if current else torch.uint8
     if _use_cuda(backend, v):
-        cu_chunks, device_columns = _device_offsets(seqs, geo, chunk, aligned_columns, v.device)
+        cu_chunks, device_columns = _device_offsets(
+            seqs, geo, chunk, aligned_columns, offsets, v.device
+        )
         data_t = torch.empty(geo.heads, geo.head_dim, width, dtype=_FP8, device=v.device)
         scales = torch.empty(
             geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
@@ -489,6 +503,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
     amax_epsilon: float = 0.0,
     aligned_columns: bool = False,
     sync_free: bool = False,
+    offsets: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """E4M3 with one current scale per (kv-head, chunk of `chunk` tokens, channel): V, transposed.
@@ -512,6 +527,9 @@ def per_chunk_channel_cast_to_fp8_transposed(
     tokens: n_chunks = chunk_bound(t, n_seqs, chunk) (rows past cu_chunks[-1] unspecified: the
     CUDA kernel leaves them unwritten) and, with aligned_columns, width =
     vt_layout.aligned_width_bound(t, n_seqs) (the columns past the last sequence are 0).
+    offsets (thd, CUDA kernels): what sequence_offsets(cu_seqlens, chunk,
+    aligned_columns=aligned_columns) returned, for a caller that needs them too (the attention
+    launcher reads the columns); used as given, not checked.
     """
     return _chunked_cast_transposed(
         v,
@@ -522,6 +540,7 @@ def per_chunk_channel_cast_to_fp8_transposed(
         True,
         aligned_columns,
         sync_free,
+        offsets,
         use_power_2_scales=bool(use_power_2_scales),
         amax_epsilon=float(amax_epsilon),
     )
@@ -534,6 +553,7 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     cu_seqlens: Optional[torch.Tensor] = None,
     aligned_columns: bool = False,
     sync_free: bool = False,
+    offsets: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP8 along the tokens (TE's columnwise usage), one E8M0 code per 32 tokens: V, transposed.
@@ -542,8 +562,9 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
     and cu_chunks [n_seqs + 1] int32 (read-only for bshd/sbhd). See Note [Mask-exact FP8
-    scaling]. aligned_columns, sync_free: as for per_chunk_channel_cast_to_fp8_transposed.
+    scaling]. aligned_columns, sync_free, offsets: as for
+    per_chunk_channel_cast_to_fp8_transposed.
     """
     return _chunked_cast_transposed(
-        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns, sync_free
+        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns, sync_free, offsets
     )

@@ -18,31 +18,29 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "ALIGN_COLUMNS", "needs_alignment", "aligned_column_starts", "aligned_column_starts_list",
+    "ALIGN_COLUMNS", "aligned_column_starts", "aligned_column_starts_list",
     "aligned_width_bound", "dense_column_starts", "dense_offsets",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
 
 
-def needs_alignment(starts: List[int]) -> bool:
-    """starts [num_seqs + 1]: the sequences' first tokens, then the end of the last. Whether some
-    sequence starts off a multiple of ALIGN_COLUMNS (so V8^T needs the aligned layout)."""
-    return any(x % ALIGN_COLUMNS for x in starts[:-1])
+def _round_up(x):
+    return -(-x // ALIGN_COLUMNS) * ALIGN_COLUMNS
 
 
 def aligned_column_starts_list(starts: List[int]) -> List[int]:
     """[num_seqs + 1] each sequence's first column in the aligned layout, then its width."""
     columns = [0]
     for a, b in zip(starts, starts[1:]):
-        columns.append(columns[-1] + -(-(b - a) // ALIGN_COLUMNS) * ALIGN_COLUMNS)
+        columns.append(columns[-1] + _round_up(b - a))
     return columns
 
 
 def aligned_width_bound(tokens: int, num_seqs: int) -> int:
     """The widest aligned layout of num_seqs sequences of `tokens` tokens in all (each sequence
     rounds up by at most ALIGN_COLUMNS - 1 columns): a width for it without reading the starts."""
-    return -(-(tokens + num_seqs * (ALIGN_COLUMNS - 1)) // ALIGN_COLUMNS) * ALIGN_COLUMNS
+    return _round_up(tokens + num_seqs * (ALIGN_COLUMNS - 1))
 
 
 def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
@@ -56,7 +54,7 @@ def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: 
     """[batch + 1] int32 on `device`: the first column of each dense sample (token index n *
     seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end. Cached
     (dense_offsets): read-only."""
-    step = -(-seqlen // ALIGN_COLUMNS) * ALIGN_COLUMNS if aligned else seqlen
+    step = _round_up(seqlen) if aligned else seqlen
     return dense_offsets(batch, step, device)
 
 
