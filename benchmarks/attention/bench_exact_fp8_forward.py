@@ -5,9 +5,11 @@
 Accuracy (--accuracy): causal bshd, b=1, h=2, d=128, bf16, N(0,1) inputs with 0.1% outliers x50,
 s = 1k..16k. Errors (relative Frobenius, cosine) against an fp64 reference on a fixed subset of
 query rows (all heads; the fp64 reference of all rows would need s x s fp64 scores): the kernel
-(both recipes, and the leaky fp8_v_everywhere mode), upstream's current-scaling rule emulated in
-fp64 (one amax over concat(Q, K, V), as reference_attention('upstream-current')) and torch's BF16
-scaled_dot_product_attention.
+(both recipes, and the leaky fp8_v_everywhere mode), upstream's rules emulated in fp64 with an
+exact P (current scaling: one amax over concat(Q, K, V), as reference_attention('upstream-current');
+MXFP8: the same E8M0 blocks as the fork with every V in FP8, as 'upstream-mxfp8') and torch's BF16
+scaled_dot_product_attention. Each recipe's error is judged against upstream's current-scaling
+rule (the issue's target) and MXFP8's also against upstream's MXFP8 rule.
 
 Speed (--speed): causal bshd, d=128, bf16, (b, h, s) = (4, 16, 4k), (2, 16, 8k), (1, 16, 16k).
 The kernel INCLUDING the K/V quantization (Q is quantized inside the kernel), next to torch BF16
@@ -45,10 +47,19 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
     quantize,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
+    MX_BLOCK,
     V_CHUNK_CURRENT,
+    e8m0_to_float,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
+    SeqLayout,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (  # noqa: E402,E501
     dequantize,
+    dequantize_mxfp8_rowwise,
+    expand_chunk_scales,
+    per_block_cast_to_mxfp8_rowwise,
+    per_chunk_cast_to_mxfp8_columnwise,
     upstream_current_cast_to_fp8,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (  # noqa: E402,E501
@@ -127,6 +138,21 @@ def _fork_current_dequantized(q, k, v):
     return [x.transpose(0, 1).unsqueeze(0) for x in out]  # [1, s, h, d]
 
 
+def _upstream_mxfp8_dequantized(q, k, v):
+    """q, k, v (bshd, b = 1) under upstream's MXFP8 rules (Q, K: E8M0 per 32 channels; V: E8M0
+    per 32 tokens and channel, every chunk in FP8), dequantized to fp64 on q's device."""
+    layout = SeqLayout.dense(1, q.shape[1])
+    (qd, q_codes), (kd, k_codes) = (per_block_cast_to_mxfp8_rowwise(x[0].cpu()) for x in (q, k))
+    vd, v_codes, _ = per_chunk_cast_to_mxfp8_columnwise(v[0].cpu(), layout)  # [s, h, d]
+    v_scale = expand_chunk_scales(e8m0_to_float(v_codes), layout, MX_BLOCK)  # [s, h, d]
+    out = [
+        dequantize_mxfp8_rowwise(qd, q_codes),
+        dequantize_mxfp8_rowwise(kd, k_codes),
+        dequantize(vd, v_scale),
+    ]
+    return [x.unsqueeze(0).to(q.device) for x in out]  # [1, s, h, d]
+
+
 def _query_rows(s, gen):
     """A fixed spread of query rows: the first and last tiles, and random rows in between."""
     n_random = min(512, s // 2)
@@ -143,6 +169,7 @@ def accuracy_table(out_dir: Path):
         truth = fp64_causal_rows(q, k, v, rows)
         uq, uk, uv, s_inv = upstream_current_cast_to_fp8(q, k, v)
         upstream = fp64_causal_rows(*(dequantize(x, s_inv) for x in (uq, uk, uv)), rows)
+        upstream_mx = fp64_causal_rows(*_upstream_mxfp8_dequantized(q, k, v), rows)
         fork_q, fork_k, fork_v = _fork_current_dequantized(q, k, v)
         rules_qk = fp64_causal_rows(fork_q, fork_k, v, rows)
         rules_qkv = fp64_causal_rows(fork_q, fork_k, fork_v, rows)
@@ -157,6 +184,7 @@ def accuracy_table(out_dir: Path):
                 q, k, v, recipe="current", fp8_v_everywhere=True
             )[0],
             "upstream current (emulated, fp64)": upstream.unsqueeze(0),
+            "upstream mxfp8 (emulated, fp64)": upstream_mx.unsqueeze(0),
             "fork rules, Q.K^T only (fp64)": rules_qk.unsqueeze(0),
             "fork rules, Q, K, V (fp64, P exact)": rules_qkv.unsqueeze(0),
             "torch BF16 SDPA": sdpa,
@@ -167,7 +195,7 @@ def accuracy_table(out_dir: Path):
             err, cos = rel_frobenius_error(sub, truth), cosine_similarity(sub, truth)
             results[s][name] = {"rel_err": err, "cosine": cos}
             rows_out.append(f"| {s} | {name} | {err:.3e} | {cos:.6f} |")
-        del q, k, v, truth, upstream, rules_qk, rules_qkv, sdpa, entries
+        del q, k, v, truth, upstream, upstream_mx, rules_qk, rules_qkv, sdpa, entries
         torch.cuda.empty_cache()
     lines = [
         "rows compared per s: the first 64, the last 128 and up to 512 random rows, 2 heads",
@@ -199,6 +227,11 @@ def _accuracy_verdict(results):
         for recipe in ("exact current", "exact mxfp8")
         if r[recipe]["rel_err"] > r["upstream current (emulated, fp64)"]["rel_err"]
     ]
+    worse_mx = [
+        f"s={s}"
+        for s, r in results.items()
+        if r["exact mxfp8"]["rel_err"] > r["upstream mxfp8 (emulated, fp64)"]["rel_err"]
+    ]
     low_cos = [
         f"s={s} {p}"
         for s, r in results.items()
@@ -206,7 +239,10 @@ def _accuracy_verdict(results):
         if r[p]["cosine"] < TARGET_COSINE
     ]
     return (
-        f"targets: error <= upstream's: {'met' if not worse else 'MISSED ' + ', '.join(worse)}; "
+        f"targets: error <= upstream's current scaling: "
+        f"{'met' if not worse else 'MISSED ' + ', '.join(worse)}; "
+        f"exact mxfp8 error <= upstream's MXFP8 rule: "
+        f"{'met' if not worse_mx else 'MISSED ' + ', '.join(worse_mx)}; "
         f"cosine >= {TARGET_COSINE}: {'met' if not low_cos else 'MISSED ' + ', '.join(low_cos)}"
     )
 
