@@ -35,7 +35,11 @@ def test_overlay_file_under_an_upstream_file_collides(tree, tmp_path):
 
 def test_overlay_adds_new_python_files_only(tree, tmp_path):
     new = ["pytorch/attention/dot_product_attention/exact_fp8/__init__.py", "common/x/data.json"]
-    skipped = ["common/fused_attn/q.cu", "common/include/transformer_engine/q.h", "a/CMakeLists.txt"]
+    skipped = [
+        "common/fused_attn/q.cu",
+        "common/include/transformer_engine/q.h",
+        "a/CMakeLists.txt",
+    ]
     skipped += ["pytorch/__pycache__/m.cpython-311.pyc", ".hidden/x.py", "ext.so"]
     repo = _repo(tmp_path, *new, *skipped)
     assert [str(f) for f in assemble.overlay(tree / PACKAGE, repo)] == sorted(new)

@@ -12,7 +12,14 @@ from setuptools.errors import SetupError
 
 from build_tools import REPO_ROOT, commands, env, pinned
 
-SOURCES = ["setup.py", "pyproject.toml", "MANIFEST.in", "build_tools", "patches", "transformer_engine"]
+SOURCES = [
+    "setup.py",
+    "pyproject.toml",
+    "MANIFEST.in",
+    "build_tools",
+    "patches",
+    "transformer_engine",
+]
 
 
 FAKE_CMAKE_BUILD = """
