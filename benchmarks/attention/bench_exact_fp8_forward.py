@@ -47,22 +47,13 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
     quantize,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
-    MX_BLOCK,
     V_CHUNK_CURRENT,
-    e8m0_to_float,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
     SeqLayout,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (  # noqa: E402,E501
-    dequantize,
-    dequantize_mxfp8_rowwise,
-    expand_chunk_scales,
-    per_block_cast_to_mxfp8_rowwise,
-    per_chunk_cast_to_mxfp8_columnwise,
-    upstream_current_cast_to_fp8,
-)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (  # noqa: E402,E501
+    dequantized_operands,
     reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
@@ -138,19 +129,14 @@ def _fork_current_dequantized(q, k, v):
     return [x.transpose(0, 1).unsqueeze(0) for x in out]  # [1, s, h, d]
 
 
-def _upstream_mxfp8_dequantized(q, k, v):
-    """q, k, v (bshd, b = 1) under upstream's MXFP8 rules (Q, K: E8M0 per 32 channels; V: E8M0
-    per 32 tokens and channel, every chunk in FP8), dequantized to fp64 on q's device."""
-    layout = SeqLayout.dense(1, q.shape[1])
-    (qd, q_codes), (kd, k_codes) = (per_block_cast_to_mxfp8_rowwise(x[0].cpu()) for x in (q, k))
-    vd, v_codes, _ = per_chunk_cast_to_mxfp8_columnwise(v[0].cpu(), layout)  # [s, h, d]
-    v_scale = expand_chunk_scales(e8m0_to_float(v_codes), layout, MX_BLOCK)  # [s, h, d]
-    out = [
-        dequantize_mxfp8_rowwise(qd, q_codes),
-        dequantize_mxfp8_rowwise(kd, k_codes),
-        dequantize(vd, v_scale),
-    ]
-    return [x.unsqueeze(0).to(q.device) for x in out]  # [1, s, h, d]
+def _upstream_dequantized(path, q, k, v):
+    """q, k, v (bshd, b = 1) under upstream's rules of `path` ("upstream-current": one amax over
+    concat(Q, K, V); "upstream-mxfp8": E8M0 per 32 channels of Q and K, per 32 tokens and channel
+    of V), every V in FP8, dequantized to fp64 on q's device: [1, s, h, d] each."""
+    operands = dequantized_operands(
+        path, *(x[0].cpu() for x in (q, k, v)), SeqLayout.dense(1, q.shape[1])
+    )
+    return [x.unsqueeze(0).to(q.device) for x in operands]
 
 
 def _query_rows(s, gen):
@@ -167,9 +153,8 @@ def accuracy_table(out_dir: Path):
         q, k, v = _inputs((1, s, 2, HEAD_DIM), seed=s, outlier_frac=1e-3)
         rows = _query_rows(s, torch.Generator().manual_seed(s))
         truth = fp64_causal_rows(q, k, v, rows)
-        uq, uk, uv, s_inv = upstream_current_cast_to_fp8(q, k, v)
-        upstream = fp64_causal_rows(*(dequantize(x, s_inv) for x in (uq, uk, uv)), rows)
-        upstream_mx = fp64_causal_rows(*_upstream_mxfp8_dequantized(q, k, v), rows)
+        upstream = fp64_causal_rows(*_upstream_dequantized("upstream-current", q, k, v), rows)
+        upstream_mx = fp64_causal_rows(*_upstream_dequantized("upstream-mxfp8", q, k, v), rows)
         fork_q, fork_k, fork_v = _fork_current_dequantized(q, k, v)
         rules_qk = fp64_causal_rows(fork_q, fork_k, v, rows)
         rules_qkv = fp64_causal_rows(fork_q, fork_k, fork_v, rows)

@@ -40,7 +40,10 @@ from .quantize_reference import (
     upstream_current_cast_to_fp8,
 )
 
-__all__ = ["PATHS", "QuantConfig", "ReferenceResult", "reference_attention", "to_tokens"]
+__all__ = [
+    "PATHS", "QuantConfig", "ReferenceResult", "dequantized_operands", "reference_attention",
+    "to_tokens",
+]  # fmt: skip
 
 PATHS = ("bf16", "upstream-current", "upstream-mxfp8", "fork-current", "fork-mxfp8")
 QKV_FORMATS = ("bshd", "sbhd", "thd")
@@ -92,8 +95,18 @@ def _layouts(q, k, qkv_format, seqlens_q, seqlens_kv, cu_seqlens_q, cu_seqlens_k
     )
 
 
-def _quantize(path, q, k, v, layout_kv, cfg, dtype):
-    """Dequantized (q, k, v_fp8) of `path`, in `dtype`, token-major; v_fp8 is None for bf16."""
+def dequantized_operands(
+    path: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout_kv: SeqLayout,
+    cfg: QuantConfig = QuantConfig(),
+    dtype: torch.dtype = torch.float64,
+):
+    """(q, k, v_fp8) of `path` after its quantization rules, dequantized to `dtype`: q, k, v
+    token-major [t, h, d] (CPU); v_fp8 is None for bf16. V gets FP8 everywhere here (the fork
+    paths replace it on boundary tiles in reference_attention)."""
     if path == "bf16":
         return q.to(dtype), k.to(dtype), None
     if path == "upstream-current":
@@ -189,7 +202,7 @@ def reference_attention(
     qt, kt, vt = (to_tokens(x, qkv_format) for x in (q, k, v))
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    q_deq, k_deq, v_fp8 = _quantize(path, qt, kt, vt, layout_kv, quant, compute_dtype)
+    q_deq, k_deq, v_fp8 = dequantized_operands(path, qt, kt, vt, layout_kv, quant, compute_dtype)
     exact = path.startswith("fork-")
     out = torch.zeros(qt.shape[:-1] + (v.shape[-1],), dtype=compute_dtype)
     lse = torch.full((q.shape[-2], qt.shape[0]), float("-inf"), dtype=compute_dtype)
