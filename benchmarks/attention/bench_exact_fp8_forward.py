@@ -42,17 +42,19 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
     attention,
+)  # noqa: E402
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
     quantize,
-)
+)  # noqa: E402
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
     V_CHUNK_CURRENT,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
     SeqLayout,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (  # noqa: E402,E501
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (  # noqa: E402,E501
     dequantized_operands,
     reference_attention,
 )

@@ -22,9 +22,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
     quantize as Q,
-)
+)  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 8192, 16, 128
 INPUTS = 4

@@ -9,10 +9,10 @@ otherwise reported as not runnable. The prefix-change sweep must show the same p
 import pytest
 import torch
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-    audit,
-    audit_plot,
-    audit_te,
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit import (
+    cli as audit,
+    plot as audit_plot,
+    te_runner as audit_te,
 )
 
 if not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""GPU tests of the mask-exact FP8 attention forward (attention.py / attention_kernel.py).
+"""GPU tests of the mask-exact FP8 attention forward (triton/attention.py / triton/attention_kernel.py).
 
 Headline: bitwise invariance (torch.equal) of the kernel's outputs under every perturbation the
 mask hides, both recipes, hundreds of randomized cases, with the leaky fp8_v_everywhere mode as
@@ -12,23 +12,24 @@ import torch
 import triton
 import triton.language as tl
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import attention, formats
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import attention
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import formats
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.attention import (
     exact_fp8_attention_forward,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.kernel_scaling import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.scaling import (
     e8m0_to_fp32,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.quantize import (
     per_block_cast_to_mxfp8_rowwise,
     per_token_cast_to_fp8,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     QuantConfig,
     reference_attention,
-    to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import to_tokens
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
     REPORT_SCENARIOS,
     RANDOM_SCENARIOS,
     Scenario,

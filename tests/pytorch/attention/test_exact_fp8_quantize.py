@@ -1,23 +1,23 @@
 """GPU tests of the mask-exact FP8 quantization kernels (transformer_engine_exact_fp8).
 
 Every kernel output is compared bitwise (torch.equal on the raw bits) with the pure-torch
-reference of quantize_reference.py, reached through the same API with backend="torch". One test
+reference of reference/quantize.py, reached through the same API with backend="torch". One test
 per cast also pins the API's layout against the reference functions directly.
 """
 
 import pytest
 import torch
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-    quantize as Q,
-    quantize_reference as ref,
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import quantize as Q
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference import (
+    quantize as ref,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
     MX_BLOCK,
     V_CHUNK_CURRENT,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import SeqLayout
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
+    SeqLayout,
     to_tokens,
 )
 

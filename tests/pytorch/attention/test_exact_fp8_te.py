@@ -20,10 +20,13 @@ import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
     SeqLayout,
-)
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
-    reference_attention,
     to_tokens,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference import (
+    quantize as reference_quantize,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
+    reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
     prefix_change,
@@ -37,10 +40,12 @@ try:
     from transformer_engine.pytorch.attention.dot_product_attention import (
         dot_product_attention as dpa_module,
     )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
         attention as kernel_module,
-        autograd as autograd_module,
         qk_roundtrip as roundtrip_module,
+    )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import (
+        autograd as autograd_module,
     )
 
     _TE_MISSING = None if hasattr(dpa_module, "exact_fp8_backend") else "TE without the fork"
@@ -61,10 +66,10 @@ GRAD_RTOL = 0.08
 
 Reasoning: E4M3 keeps 3 mantissa bits (unit roundoff 2^-4), so the per-token Q/K quantization
 perturbs every logit by a few percent (the forward output is off by 3.4-3.7% for random inputs,
-tests/cpu/test_reference_attention.py). The backward computes the gradients of the attention of
-the quantized Q and K (Note [BF16 backward of the FP8 forward] in exact_fp8/autograd.py), which
+tests/cpu/reference/test_reference_attention.py). The backward computes the gradients of the attention of
+the quantized Q and K (Note [BF16 backward of the FP8 forward] in exact_fp8/te/autograd.py), which
 differ from the unquantized gradients by the same order: the emulation of exactly this backward on
-the reference rules stays below 0.06 (tests/cpu/test_exact_fp8_dispatch.py); BF16 rounding inside
+the reference rules stays below 0.06 (tests/cpu/te/test_dispatch.py); BF16 rounding inside
 cuDNN adds well under 0.01 (unit roundoff 2^-9). 0.08 leaves a margin for kernel-level
 differences. An error of this order is what an FP8 forward costs; a broken backward (wrong softmax
 statistics, a layout mix-up) gives errors of order 1.
@@ -453,7 +458,7 @@ def test_qk_roundtrip_kernel_matches_reference(recipe, power_2, dtype):
     x[0, 9, 1, 3], x[1, 9, 2, 40], x[2, 9, 3, 70] = float("nan"), float("inf"), -float("inf")
     x = x.to(dtype)
     got = roundtrip_module.fp8_roundtrip(x, recipe, power_2)
-    want = roundtrip_module.fp8_roundtrip_reference(x.cpu(), recipe, power_2).cuda()
+    want = reference_quantize.fp8_roundtrip(x.cpu(), recipe, power_2).cuda()
     assert got.shape == x.shape and got.dtype == dtype
     assert bool(((got == want) | (got.isnan() & want.isnan())).all())
 

@@ -34,6 +34,8 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 import torch
 
 __all__ = [
+    "RECIPES",
+    "check_recipe",
     "E4M3_MAX",
     "MX_BLOCK",
     "V_CHUNK_CURRENT",
@@ -47,6 +49,9 @@ __all__ = [
     "e8m0_to_float",
     "e8m0_reciprocal",
 ]
+
+RECIPES = ("current", "mxfp8")
+"""The two rule sets: "current" (Float8CurrentScaling) and "mxfp8" (MXFP8BlockScaling)."""
 
 E4M3_MAX = 448.0
 """Largest finite E4M3 value."""
@@ -70,6 +75,13 @@ P_SCALE = 256.0
 """Fixed power-of-two scale of P in [0, 1] before the FP8 cast: P = 1 maps to 256, exactly."""
 
 FP32_MAX = torch.finfo(torch.float32).max
+
+
+def check_recipe(recipe: str) -> None:
+    """Raise ValueError unless `recipe` names one of RECIPES."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+
 
 _E4M3_MAX_RCP = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)  # float(1/448), as TE rounds it
 

@@ -1,5 +1,6 @@
-"""Mask geometry of mask-exact FP8 attention: which positions a row may see, and which
-(query tile, KV tile) pairs may use the FP8 copy of V. Pure PyTorch, data independent.
+"""Sequence layout and mask geometry of mask-exact FP8 attention: where each sequence's tokens
+are (the qkv formats and `SeqLayout`), which positions a row may see, and which (query tile,
+KV tile) pairs may use the FP8 copy of V. Pure PyTorch, data independent.
 
 Mask types follow TE's `attn_mask_type` names. A sliding window (left, right) is TE's
 `window_size`: row i sees keys j with i + off - left <= j <= i + off + right, where the diagonal
@@ -17,6 +18,9 @@ from .formats import KV_TILE, Q_TILE
 
 __all__ = [
     "MASK_TYPES",
+    "QKV_FORMATS",
+    "to_tokens",
+    "from_tokens",
     "SeqLayout",
     "diagonal_offset",
     "allowed_positions",
@@ -34,6 +38,7 @@ MASK_TYPES = (
     "padding_causal_bottom_right",
 )
 _TOP_LEFT = ("causal", "padding_causal")
+QKV_FORMATS = ("bshd", "sbhd", "thd")
 
 
 def check_mask_type(mask_type: str, window_size: Optional[Tuple[int, int]] = None) -> None:
@@ -50,6 +55,26 @@ def check_mask_type(mask_type: str, window_size: Optional[Tuple[int, int]] = Non
 def diagonal_offset(mask_type: str, len_q: int, len_kv: int) -> int:
     """Column of row 0's diagonal: 0 for top-left causal types, len_kv - len_q otherwise."""
     return 0 if mask_type in _TOP_LEFT else len_kv - len_q
+
+
+def to_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
+    """bshd [b, s, h, d] / sbhd [s, b, h, d] / thd [t, h, d] -> tokens [t, h, d] (a view if possible)."""
+    if qkv_format == "bshd":
+        return x.flatten(0, 1)
+    if qkv_format == "sbhd":
+        return x.transpose(0, 1).flatten(0, 1)
+    if qkv_format == "thd":
+        return x
+    raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
+
+
+def from_tokens(x: torch.Tensor, qkv_format: str, like: torch.Tensor) -> torch.Tensor:
+    """tokens [t, h, d] -> the layout of `like` (bshd, sbhd or thd), contiguous for sbhd."""
+    if qkv_format == "bshd":
+        return x.view(like.shape)
+    if qkv_format == "sbhd":
+        return x.view(like.shape[1], like.shape[0], *like.shape[2:]).transpose(0, 1).contiguous()
+    return x
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Each function validates its input, allocates the outputs and runs the CUDA kernel of the
 `transformer_engine_exact_fp8` extension on torch's current stream. For CPU tensors, or when the
-extension is not built, it runs the pure-torch reference of quantize_reference.py instead (on the
-CPU, results moved to the input's device): the same bits, much slower. Validation is the same for
+extension is not built, it runs the pure-torch reference of reference/quantize.py instead (on the
+CPU, results moved to the input's device): the same bits, much slower. `_reference_cast` is the
+one place where this module calls the reference (the oracle); nothing else of the production path
+imports it. Validation is the same for
 both backends. See Note [Mask-exact FP8 scaling] in formats.py for the rules and
 docs/quantization_kernels.md for the kernels.
 
@@ -20,10 +22,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import quantize_reference as ref
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
-from .masks import SeqLayout
-from .reference_attention import to_tokens
+from .masks import QKV_FORMATS, SeqLayout, to_tokens
 from .vt_layout import (
     aligned_column_starts,
     aligned_column_starts_list,
@@ -56,7 +56,6 @@ __all__ = [
     "per_chunk_cast_to_mxfp8_columnwise_transposed",
 ]
 
-QKV_FORMATS = ("bshd", "sbhd", "thd")
 BACKENDS = ("auto", "cuda", "torch")
 CURRENT_HEAD_DIMS = (64, 128, 256)
 MAX_MX_HEAD_DIM = 1024
@@ -201,6 +200,16 @@ def _cpu_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
     return to_tokens(x.detach().cpu(), qkv_format)
 
 
+def _reference_cast(name: str, *args, **kwargs):
+    """The CPU fallback: run the reference rule `name` of reference/quantize.py (the oracle).
+
+    The only route from the quantization API into the reference; imported on first use, so the
+    production path loads no oracle module while the extension runs the casts."""
+    from .reference import quantize as reference
+
+    return getattr(reference, name)(*args, **kwargs)
+
+
 def _head_major(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """[t, h, ...] -> [h, t, ...], contiguous, on `device`."""
     return x.transpose(0, 1).contiguous().to(device)
@@ -236,7 +245,8 @@ def per_token_cast_to_fp8(
             scale_inv.data_ptr(),
         )
         return data, scale_inv
-    data, scale_inv = ref.per_token_cast_to_fp8(
+    data, scale_inv = _reference_cast(
+        "per_token_cast_to_fp8",
         _cpu_tokens(x, qkv_format),
         use_power_2_scales=use_power_2_scales,
         amax_epsilon=amax_epsilon,
@@ -268,7 +278,7 @@ def per_block_cast_to_mxfp8_rowwise(
             scales.data_ptr(),
         )
         return data, scales
-    data, scales = ref.per_block_cast_to_mxfp8_rowwise(_cpu_tokens(x, qkv_format))
+    data, scales = _reference_cast("per_block_cast_to_mxfp8_rowwise", _cpu_tokens(x, qkv_format))
     return _head_major(data, x.device), _head_major(scales, x.device)
 
 
@@ -475,11 +485,13 @@ def _reference_chunked_cast(
     exact sizes; the bound's extra scale rows are 1 for current scaling, code 127 for MXFP8)."""
     tokens = _cpu_tokens(v, qkv_format)[: layout.total]  # [total, h, d]
     if current:
-        data, scales, cu_chunks = ref.per_chunk_channel_cast_to_fp8(
-            tokens, layout, chunk=chunk, **scale_kw
+        data, scales, cu_chunks = _reference_cast(
+            "per_chunk_channel_cast_to_fp8", tokens, layout, chunk=chunk, **scale_kw
         )
     else:
-        data, scales, cu_chunks = ref.per_chunk_cast_to_mxfp8_columnwise(tokens, layout)
+        data, scales, cu_chunks = _reference_cast(
+            "per_chunk_cast_to_mxfp8_columnwise", tokens, layout
+        )
     data_t = torch.zeros(geo.heads, geo.head_dim, width, dtype=_FP8)  # [h, d, width]
     for start, span, column in zip(layout.starts, layout.spans, _output_columns(layout, aligned)):
         data_t[:, :, column : column + span] = data[start : start + span].permute(1, 2, 0)

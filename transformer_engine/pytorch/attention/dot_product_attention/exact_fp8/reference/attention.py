@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .formats import (
+from ..formats import (
     KV_TILE,
     MX_BLOCK,
     P_SCALE,
@@ -28,8 +28,15 @@ from .formats import (
     cast_to_e4m3,
     e8m0_to_float,
 )
-from .masks import SeqLayout, check_mask_type, fp8_tile_map, sequence_masks
-from .quantize_reference import (
+from ..masks import (
+    SeqLayout,
+    check_mask_type,
+    fp8_tile_map,
+    from_tokens,
+    sequence_masks,
+    to_tokens,
+)
+from .quantize import (
     dequantize,
     dequantize_mxfp8_rowwise,
     expand_chunk_scales,
@@ -42,11 +49,9 @@ from .quantize_reference import (
 
 __all__ = [
     "PATHS", "QuantConfig", "ReferenceResult", "dequantized_operands", "reference_attention",
-    "to_tokens",
 ]  # fmt: skip
 
 PATHS = ("bf16", "upstream-current", "upstream-mxfp8", "fork-current", "fork-mxfp8")
-QKV_FORMATS = ("bshd", "sbhd", "thd")
 
 
 @dataclass(frozen=True)
@@ -62,25 +67,6 @@ class ReferenceResult:
     out: torch.Tensor  # same shape and dtype as q
     lse: torch.Tensor  # [h, t_q] fp64 natural-log sum-exp of the scaled scores (-inf: empty row)
     fp8_tiles: List[torch.Tensor] = field(default_factory=list)  # per sequence, fp8_tile_map
-
-
-def to_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
-    """bshd [b, s, h, d] / sbhd [s, b, h, d] / thd [t, h, d] -> tokens [t, h, d] (a view if possible)."""
-    if qkv_format == "bshd":
-        return x.flatten(0, 1)
-    if qkv_format == "sbhd":
-        return x.transpose(0, 1).flatten(0, 1)
-    if qkv_format == "thd":
-        return x
-    raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
-
-
-def _from_tokens(x: torch.Tensor, qkv_format: str, like: torch.Tensor) -> torch.Tensor:
-    if qkv_format == "bshd":
-        return x.view(like.shape)
-    if qkv_format == "sbhd":
-        return x.view(like.shape[1], like.shape[0], *like.shape[2:]).transpose(0, 1).contiguous()
-    return x
 
 
 def _layouts(q, k, qkv_format, seqlens_q, seqlens_kv, cu_seqlens_q, cu_seqlens_kv):
@@ -222,5 +208,5 @@ def reference_attention(
         )
         out[rows] = o
         lse[:, rows] = l
-    result.out = _from_tokens(out.to(q.dtype), qkv_format, q)
+    result.out = from_tokens(out.to(q.dtype), qkv_format, q)
     return result

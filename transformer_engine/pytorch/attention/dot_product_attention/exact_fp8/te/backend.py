@@ -2,12 +2,12 @@
 
 DotProductAttention.forward calls `dispatch(self, attention_params)` once its inputs are checked
 and its AttentionParams are built (patch 0003). Then, when the QKV recipe asks for mask-exact FP8
-attention (te_recipe.mask_exact_recipe):
+attention (recipe.mask_exact_recipe):
 
   * a request that cannot be mask-exact is an error that says why (`check_request`): fp8_mha,
     fp8_output, or Q/K/V that arrive already quantized (their scales were computed outside the
     attention, over all tokens);
-  * a configuration the mask-exact kernels support runs them (`Dispatch.run`, autograd.py);
+  * a configuration the mask-exact kernels support runs them (`Dispatch.run`, te/autograd.py);
   * any other configuration runs upstream's BF16/FP16 attention: the AttentionParams handed back
     have fp8=False, and the reason is logged at debug level ("Disabling mask-exact FP8 attention
     for ..."). It never falls back to upstream's FP8 attention, whose scales leak across the mask.
@@ -18,14 +18,14 @@ import time: `unsupported_reason` and `check_request` are pure and tested on CPU
 
 import dataclasses
 import functools
-import importlib.util
 import os
 from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .masks import MASK_TYPES
-from .te_recipe import kernel_recipe, mask_exact_recipe
+from .. import kernels
+from ..masks import MASK_TYPES
+from .recipe import kernel_recipe, mask_exact_recipe
 
 __all__ = [
     "MIN_COMPUTE_CAPABILITY",
@@ -55,7 +55,7 @@ def qkv_formats(qkv_layout: str) -> Tuple[str, str]:
 def check_request(recipe: Any, params: Any, qkv_quantized: bool) -> None:
     """Raise ValueError for a request that mask-exact FP8 attention must refuse.
 
-    recipe: the QKV recipe (te_recipe.mask_exact_recipe); params: DotProductAttention's
+    recipe: the QKV recipe (recipe.mask_exact_recipe); params: DotProductAttention's
     AttentionParams (fp8_meta, fp8_output); qkv_quantized: Q, K, V arrived as FP8 tensors.
     """
     off = (
@@ -284,24 +284,14 @@ def _compute_capability(device: int) -> Tuple[int, int]:
 
 def _device_support() -> dict:
     """unsupported_reason's keyword arguments that describe this machine and process."""
-    triton_available = _triton_available()
+    backend = kernels.select_backend()
+    triton_available = kernels.backend_available(backend)
     return dict(
         compute_capability=_compute_capability(torch.cuda.current_device()),
-        head_dims=_kernel_head_dims() if triton_available else (),
+        head_dims=kernels.head_dims(backend) if triton_available else (),
         triton_available=triton_available,
         onnx_export=_onnx_export(),
     )
-
-
-def _kernel_head_dims() -> Tuple[int, ...]:
-    from .attention import HEAD_DIMS
-
-    return HEAD_DIMS
-
-
-@functools.lru_cache(maxsize=None)
-def _triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def _onnx_export() -> bool:

@@ -11,11 +11,13 @@ import functools
 import pytest
 import torch
 
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import attention
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-    attention,
     quantize as Q,
-    quantize_reference as ref,
     vt_layout,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference import (
+    quantize as ref,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
     cast_to_e4m3,

@@ -8,7 +8,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks 
     SeqLayout,
     allowed_positions,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (

@@ -18,7 +18,7 @@ casts are checked on the GPU; the integer code paths are checked under the inter
 import triton
 import triton.language as tl
 
-from .formats import E4M3_MAX as _E4M3_MAX, FP32_MAX as _FP32_MAX
+from ..formats import E4M3_MAX as _E4M3_MAX, FP32_MAX as _FP32_MAX
 
 __all__ = [
     "abs_ignoring_nan",

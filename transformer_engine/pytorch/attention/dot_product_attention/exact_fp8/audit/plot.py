@@ -8,7 +8,7 @@ Upstream current scaling leaks at every distance (one amax over all tokens); ups
 only while t + d stays in the 32-token V block of the prefix's last tokens; exact paths stay on the
 floor.
 
-    python -m transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit_plot \
+    python -m transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.plot \
         SWEEP.json OUT.png      # draw a sweep written with --plot-data (e.g. on a GPU machine
                                 # without matplotlib) on a machine that has matplotlib
 """
@@ -21,11 +21,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .audit_te import NotRunnable
-from .formats import MX_BLOCK
-from .reference_attention import to_tokens
+from .te_runner import NotRunnable
+from ..formats import MX_BLOCK
+from ..masks import to_tokens
 from .scenarios import perturb_tokens, randn_with_outliers
-from .testing import prefix_change
+from ..testing import prefix_change
 
 __all__ = [
     "PREFIX_END",

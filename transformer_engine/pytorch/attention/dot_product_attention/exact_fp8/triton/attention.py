@@ -23,17 +23,15 @@ from .attention_kernel import (
     Q_TILE,
     attention_forward_kernel,
 )
-from .formats import MX_BLOCK, V_CHUNK_CURRENT, e8m0_to_float
-from .kernel_masking import UNBOUNDED
-from . import quantize
-from .masks import check_mask_type
-from .vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
+from ..formats import MX_BLOCK, RECIPES, V_CHUNK_CURRENT, check_recipe, e8m0_to_float
+from .masking import UNBOUNDED
+from .. import quantize
+from ..masks import QKV_FORMATS, check_mask_type
+from ..vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
-RECIPES = ("current", "mxfp8")
 HEAD_DIMS = (64, 128)
-QKV_FORMATS = ("bshd", "sbhd", "thd")
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
 
 # (block_m, num_warps, num_stages, maxnreg) per (recipe, head dim): launch parameters only.
@@ -139,8 +137,7 @@ def exact_fp8_attention_forward(
 
 
 def _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    check_recipe(recipe)
     if qkv_format not in QKV_FORMATS:
         raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
     check_mask_type(attn_mask_type, window_size)

@@ -2,12 +2,12 @@
 
 import pytest
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     PATHS,
     reference_attention,
-    to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import to_tokens
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
     build_scenario,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (

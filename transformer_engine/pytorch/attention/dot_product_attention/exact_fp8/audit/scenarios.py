@@ -25,7 +25,7 @@ __all__ = [
 @dataclass
 class Scenario:
     """Inputs of one causality check. `protected[t]` (over the flattened output tokens of the
-    qkv format, see reference_attention.to_tokens) marks outputs that must not change."""
+    qkv format, see masks.to_tokens) marks outputs that must not change."""
 
     name: str
     q: torch.Tensor

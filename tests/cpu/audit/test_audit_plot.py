@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
-    audit,
-    audit_plot,
-    audit_te,
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit import (
+    cli as audit,
+    plot as audit_plot,
+    te_runner as audit_te,
 )
 
 pytest.importorskip("matplotlib", reason="the PNG needs matplotlib (requirements-test.txt)")

@@ -18,13 +18,13 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.format
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
     allowed_positions,
     fp8_tile_map,
-)
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
-    QuantConfig,
-    reference_attention,
     to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
+    QuantConfig,
+    reference_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
     RANDOM_SCENARIOS,
     build_scenario,
 )

@@ -42,14 +42,16 @@ else:
 
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
         formats,
-        kernel_masking,
-        kernel_scaling,
         quantize,
     )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention import (
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
+        masking as kernel_masking,
+        scaling as kernel_scaling,
+    )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.attention import (
         exact_fp8_attention_forward,
     )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.attention_kernel import (
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.attention_kernel import (
         BOUNDARY_N,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (
@@ -60,12 +62,12 @@ else:
         MASK_TYPES,
         allowed_positions,
         fp8_tile_map,
-    )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
-        reference_attention,
         to_tokens,
     )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
+        reference_attention,
+    )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
         REPORT_SCENARIOS,
         RANDOM_SCENARIOS,
         build_scenario,

@@ -1,8 +1,8 @@
 """Autograd of mask-exact FP8 attention: the FP8 forward kernel and a BF16/FP16 backward.
 
-Forward: attention.exact_fp8_attention_forward, which returns the output O and the log-sum-exp
+Forward: kernels.attention_forward (the selected kernel backend), which returns the output O and the log-sum-exp
 of each row (LSE). Backward, as upstream's NVTE_FP8_DPA_BWD=0 does for its FP8 forward (an FP8
-forward, a high-precision backward), in one of two ways chosen per configuration (backend.py):
+forward, a high-precision backward), in one of two ways chosen per configuration (te/backend.py):
 
   "cudnn"      TE's fused attention backward (cuDNN, F16 sub-backend) fed with the forward's O and
                LSE, so no forward is run again. See Note [BF16 backward of the FP8 forward].
@@ -17,7 +17,7 @@ forward, a high-precision backward), in one of two ways chosen per configuration
 # error, and exp() amplifies it: a logit of 200 (an outlier pair) off by 6% gives P off by e^12.
 # (Measured on the reference rules with 0.1% of Q, K, V elements scaled by 50: gradient errors of
 # 0.3 for current scaling and 1e5 for MXFP8.) So the cuDNN backward gets Q and K quantized by
-# the forward's own rules and dequantized to the input dtype (qk_roundtrip.py): its P then
+# the forward's own rules and dequantized to the input dtype (triton/qk_roundtrip.py): its P then
 # matches the LSE, and the gradients are those of the attention of the quantized Q and K (the
 # straight-through estimate, as upstream's FP8 backward computes them), within a few percent of
 # the unquantized gradients (tests/pytorch/attention/test_exact_fp8_te.py states the tolerance).
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .masks import SeqLayout, sequence_masks
-from .reference_attention import to_tokens
+from .. import kernels
+from ..masks import SeqLayout, sequence_masks, to_tokens
 
 __all__ = [
     "AttentionCall",
@@ -105,11 +105,7 @@ class MaskExactFP8AttentionFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, call: AttentionCall):  # pylint: disable=arguments-differ
-        from . import attention
-
-        out, lse = attention.exact_fp8_attention_forward(
-            q, k, v, **call.kernel_kwargs(call.batch_size(q))
-        )
+        out, lse = kernels.attention_forward(q, k, v, **call.kernel_kwargs(call.batch_size(q)))
         if call.backward is not None:
             ctx.call = call
             ctx.save_for_backward(q, k, v, out, lse)
@@ -175,7 +171,7 @@ def cudnn_backward(q, k, v, out, d_out, lse, call: AttentionCall):
         fused_attn_bwd,
     )
 
-    from .qk_roundtrip import fp8_roundtrip
+    from ..triton.qk_roundtrip import fp8_roundtrip
 
     fmt = call.qkv_format
     batch = call.batch_size(q)

@@ -1,10 +1,10 @@
 """Q and K through the forward's FP8 rules and back: what the cuDNN backward gets instead of Q, K.
 
-See Note [BF16 backward of the FP8 forward] in autograd.py for why. Two implementations of one
+See Note [BF16 backward of the FP8 forward] in te/autograd.py for why. Two implementations of one
 function, bit for bit equal (tests/pytorch/attention/test_exact_fp8_te.py checks it on the GPU):
 
-  fp8_roundtrip            one Triton pass over a CUDA tensor (read once, write once)
-  fp8_roundtrip_reference  the reference rules of quantize_reference.py, any device
+  triton.qk_roundtrip.fp8_roundtrip     one Triton pass over a CUDA tensor (read once, write once)
+  reference.quantize.fp8_roundtrip      the reference rules, any device (the oracle)
 
 Both quantize every token's d channels with the mask-exact rules (see Note [Mask-exact FP8
 scaling] in formats.py): one scale per token ("current") or one E8M0 scale per 32 channels
@@ -16,34 +16,17 @@ import torch
 import triton
 import triton.language as tl
 
-from . import quantize_reference as reference
-from .formats import MX_BLOCK
-from .kernel_scaling import e8m0_to_fp32, per_block_cast_to_mxfp8, per_token_cast_to_fp8
+from ..formats import MX_BLOCK, check_recipe
+from .scaling import e8m0_to_fp32, per_block_cast_to_mxfp8, per_token_cast_to_fp8
 
-__all__ = ["fp8_roundtrip", "fp8_roundtrip_reference"]
+__all__ = ["fp8_roundtrip"]
 
 _ROWS_PER_PROGRAM = 16
-_RECIPES = ("current", "mxfp8")
-
-
-def fp8_roundtrip_reference(x: torch.Tensor, recipe: str, use_power_2_scales: bool) -> torch.Tensor:
-    """x [..., d] quantized per token (current) or per 32 channels (mxfp8) and dequantized to
-    x.dtype; contiguous."""
-    _check_recipe(recipe)
-    if recipe == "mxfp8":
-        data, codes = reference.per_block_cast_to_mxfp8_rowwise(x)
-        return (
-            reference.dequantize_mxfp8_rowwise(data, codes, torch.float32).to(x.dtype).contiguous()
-        )
-    data, scale_inv = reference.per_token_cast_to_fp8(x, use_power_2_scales=use_power_2_scales)
-    return (
-        reference.dequantize(data, scale_inv.unsqueeze(-1), torch.float32).to(x.dtype).contiguous()
-    )
 
 
 def fp8_roundtrip(x: torch.Tensor, recipe: str, use_power_2_scales: bool) -> torch.Tensor:
-    """fp8_roundtrip_reference in one Triton pass; x a CUDA tensor [..., d], bf16 or fp16."""
-    _check_recipe(recipe)
+    """reference.quantize.fp8_roundtrip in one Triton pass; x a CUDA tensor [..., d], bf16 or fp16."""
+    check_recipe(recipe)
     d = x.shape[-1]
     if d % MX_BLOCK or d & (d - 1):
         raise ValueError(f"the head dim must be a power of two and a multiple of 32, got {d}")
@@ -56,11 +39,6 @@ def fp8_roundtrip(x: torch.Tensor, recipe: str, use_power_2_scales: bool) -> tor
         POWER_2=use_power_2_scales,
     )  # fmt: skip
     return out
-
-
-def _check_recipe(recipe: str) -> None:
-    if recipe not in _RECIPES:
-        raise ValueError(f"recipe must be one of {_RECIPES}, got {recipe!r}")
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Mask-exact FP8 attention forward, Triton kernel. The launcher is attention.py.
+"""Mask-exact FP8 attention forward, Triton kernel. The launcher is triton/attention.py.
 
 One program computes BM query rows (BM in BLOCK_M_CHOICES, a divisor of Q_TILE = 128; a launch
 parameter like num_warps) of one (sequence, head):
@@ -7,7 +7,7 @@ parameter like num_warps) of one (sequence, head):
   S = t * row_scale[i], row_scale = q_scale[i] * softmax_scale * log2(e)   (log2 units)
   online softmax in fp32 with exp2; P = 2^(S - m + log2(P_SCALE)) = P_SCALE * softmax numerator
 
-over the KV tiles (BLOCK_N = KV_TILE = 128 positions) that kernel_masking.kv_tile_ranges returns:
+over the KV tiles (BLOCK_N = KV_TILE = 128 positions) that masking.kv_tile_ranges returns:
 boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V,
 in sub-tiles of BOUNDARY_N = 64 positions of which those hidden from the whole block are skipped;
 FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V, whose per-(chunk, channel)
@@ -38,9 +38,9 @@ import math
 import triton
 import triton.language as tl
 
-from .formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
-from .kernel_masking import boundary_subtile_ranges, kv_tile_ranges, sequence_geometry, visible
-from .kernel_scaling import (
+from ..formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
+from .masking import boundary_subtile_ranges, kv_tile_ranges, sequence_geometry, visible
+from .scaling import (
     e8m0_to_fp32,
     per_block_cast_to_mxfp8,
     per_token_cast_to_fp8,
@@ -260,7 +260,7 @@ def _attend_tiles(
 
     kv_seq: the sequence's keys and values for this kv head, the tuple (k8_head, ks_head,
     vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv, stride_vtd, stride_vs, k_desc, vt_desc,
-    k_desc_row, vt_desc_row, len_kv); window: (diag, left, right) of kernel_masking.visible.
+    k_desc_row, vt_desc_row, len_kv); window: (diag, left, right) of triton.masking.visible.
     *_head: the kv head's slices of K8, K_SCALE, V8T, V_SCALE; v_seq: the sequence's first key
     in V's layout; tok_kv (int64): its token-major index; vt_col0 (int32, a multiple of 16): its
     column in V8^T; chunk_kv: its first V chunk. k_desc, vt_desc: TMA descriptors of K8

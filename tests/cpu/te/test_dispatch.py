@@ -16,14 +16,14 @@ import sys
 import pytest
 import torch
 
-from transformer_engine.pytorch.attention.dot_product_attention import exact_fp8
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import backend
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.autograd import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import backend
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.autograd import (
     AttentionCall,
     lse_to_softmax_stats,
     recompute_backward,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.backend import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.backend import (
     check_request,
     qkv_formats,
     unsupported_reason,
@@ -32,19 +32,20 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks 
     SeqLayout,
     allowed_positions,
     sequence_masks,
+    to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.quantize_reference import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.quantize import (
+    fp8_roundtrip,
     dequantize,
     dequantize_mxfp8_rowwise,
     per_block_cast_to_mxfp8_rowwise,
     per_token_cast_to_fp8,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference_attention import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     QuantConfig,
     reference_attention,
-    to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te_recipe import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.recipe import (
     carry_mask_exact,
     dpa_runs_mask_exact,
     kernel_recipe,
@@ -198,7 +199,7 @@ def test_patched_python_files_compile(recipes):
     for relative in (
         "pytorch/attention/dot_product_attention/dot_product_attention.py",
         "pytorch/attention/multi_head_attention.py",
-        "pytorch/attention/dot_product_attention/exact_fp8/backend.py",
+        "pytorch/attention/dot_product_attention/exact_fp8/te/backend.py",
     ):
         py_compile.compile(str(recipes.package_dir / relative), doraise=True)
 
@@ -325,17 +326,6 @@ def test_check_request_refuses_leaky_requests(recipe, meta_recipe, params, quant
 # The cuDNN backward's inputs
 
 
-@pytest.fixture(scope="module")
-def fp8_roundtrip_reference():
-    """qk_roundtrip.fp8_roundtrip_reference (the module also holds the Triton round trip, built on
-    the attention kernel's Triton scale functions, kernel_scaling.py)."""
-    module = pytest.importorskip(
-        "transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.qk_roundtrip",
-        reason="qk_roundtrip needs Triton and the attention kernel's kernel_scaling.py",
-    )
-    return module.fp8_roundtrip_reference
-
-
 def _lse_by_token(h, t):
     """lse[head, token] = 1000 * head + token: every entry names its own position."""
     return (1000.0 * torch.arange(h)[:, None] + torch.arange(t)[None, :]).float()
@@ -368,20 +358,20 @@ def test_softmax_stats_rows_that_see_nothing_get_plus_inf():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_roundtrip_reference(dtype, fp8_roundtrip_reference):
+def test_fp8_roundtrip(dtype):
     """The round trip is the forward's quantization, dequantized in fp32 with one rounding."""
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(2, 7, 4, 64, generator=gen) * 3).to(dtype)
     data, codes = per_block_cast_to_mxfp8_rowwise(x)
-    mx = fp8_roundtrip_reference(x, "mxfp8", False)
+    mx = fp8_roundtrip(x, "mxfp8", False)
     assert mx.dtype == dtype and mx.is_contiguous()
     assert torch.equal(mx.double(), dequantize_mxfp8_rowwise(data, codes, torch.float64))  # exact
     for power_2 in (False, True):
         data, scale_inv = per_token_cast_to_fp8(x, use_power_2_scales=power_2)
         exact = dequantize(data, scale_inv.unsqueeze(-1), torch.float64)
-        assert torch.equal(fp8_roundtrip_reference(x, "current", power_2), exact.to(dtype))
+        assert torch.equal(fp8_roundtrip(x, "current", power_2), exact.to(dtype))
     with pytest.raises(ValueError, match="recipe"):
-        fp8_roundtrip_reference(x, "delayed", False)
+        fp8_roundtrip(x, "delayed", False)
 
 
 def _flash_backward_fp64(q, k, v, out, d_out, stats, mask, scale):
@@ -411,7 +401,7 @@ no outliers). The GPU test allows 0.08 (GRAD_RTOL there): this bound plus BF16 r
 
 
 @pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_backward_inputs_give_gradients_within_tolerance(path, recipe, fp8_roundtrip_reference):
+def test_backward_inputs_give_gradients_within_tolerance(path, recipe):
     """Feed the math of cuDNN's backward exactly what cudnn_backward feeds it (round-tripped Q/K,
     the FP8 forward's O, its LSE in cuDNN's layout): gradients stay within the GPU tolerance."""
     gen = torch.Generator().manual_seed(2)
@@ -421,14 +411,14 @@ def test_backward_inputs_give_gradients_within_tolerance(path, recipe, fp8_round
     d_out = torch.randn(b, s, h, d, generator=gen).bfloat16()
     fwd = reference_attention(path, q, k, v, attn_mask_type="causal")
     stats = lse_to_softmax_stats(fwd.lse.float(), "bshd", b, s, ragged=False)
-    q_deq, k_deq = (fp8_roundtrip_reference(x, recipe, False) for x in (q, k))
+    q_deq, k_deq = (fp8_roundtrip(x, recipe, False) for x in (q, k))
     got = _flash_backward_fp64(q_deq, k_deq, v, fwd.out, d_out, stats, "causal", d**-0.5)
     for g, want in zip(got, _exact_grads(q, k, v, d_out, "causal")):
         assert rel_frobenius_error(g, want) < EMULATED_GRAD_ERROR_BOUND
 
 
 @pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe, fp8_roundtrip_reference):
+def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe):
     """Note [BF16 backward of the FP8 forward]: with outliers, the FP8 forward's LSE paired with
     the unquantized Q, K blows gradients up; with the round-tripped Q, K they stay bounded."""
     gen = torch.Generator().manual_seed(3)
@@ -441,7 +431,7 @@ def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe, fp8_roundtr
     fwd = reference_attention(path, q, k, v, attn_mask_type="causal")
     stats = lse_to_softmax_stats(fwd.lse.float(), "bshd", b, s, ragged=False)
     exact = _exact_grads(q, k, v, d_out, "causal")
-    q_deq, k_deq = (fp8_roundtrip_reference(x, recipe, False) for x in (q, k))
+    q_deq, k_deq = (fp8_roundtrip(x, recipe, False) for x in (q, k))
     consistent = _flash_backward_fp64(q_deq, k_deq, v, fwd.out, d_out, stats, "causal", d**-0.5)
     naive = _flash_backward_fp64(q, k, v, fwd.out, d_out, stats, "causal", d**-0.5)
     assert max(rel_frobenius_error(g, e) for g, e in zip(consistent, exact)) < 0.3
@@ -592,7 +582,7 @@ class FakeDPA:
 
 @pytest.fixture
 def fake_kernel(monkeypatch):
-    """exact_fp8_attention_forward computed by the reference rules (fp32 math); records calls."""
+    """kernels.attention_forward computed by the reference rules (fp32 math); records calls."""
     calls = []
 
     def forward(q, k, v, *, recipe, qkv_format, attn_mask_type, window_size, cu_seqlens_q,
@@ -607,8 +597,7 @@ def fake_kernel(monkeypatch):
         )  # fmt: skip
         return result.out, result.lse.float()
 
-    fake = type("FakeAttentionModule", (), {"exact_fp8_attention_forward": staticmethod(forward)})
-    monkeypatch.setattr(exact_fp8, "attention", fake, raising=False)
+    monkeypatch.setattr(kernels, "attention_forward", forward)
     monkeypatch.setattr(
         backend,
         "_device_support",

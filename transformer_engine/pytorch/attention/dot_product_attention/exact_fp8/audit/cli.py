@@ -11,15 +11,15 @@ tokens were changed, and compares the protected outputs bit for bit. Paths:
   fork-mxfp8        this fork's mask-exact MXFP8 (must be exact)
 
 --device cpu runs every path but upstream-delayed through the pure-PyTorch reference numerics
-(reference_attention.py). --device cuda runs every path through TE's DotProductAttention on the
-GPU (audit_te.py); a path that cannot run there gets a row that says why and counts as neither
+(reference/attention.py). --device cuda runs every path through TE's DotProductAttention on the
+GPU (audit/te_runner.py); a path that cannot run there gets a row that says why and counts as neither
 exact nor leaky. --device auto picks cuda when there is a GPU and TE imports; with a GPU but no
 importable TE it runs the fork paths through the fork's Triton kernels directly and the other
 paths through the reference numerics, and says so in the header; without a GPU, cpu.
 Exit status 1 if any fork-* or bf16 row is not exact (or could not run).
 
 --plot FILE.png draws, for each path, the prefix change against the distance of the perturbed
-token from the prefix end (audit_plot.py); --plot-data FILE.json writes the same data as JSON.
+token from the prefix end (audit/plot.py); --plot-data FILE.json writes the same data as JSON.
 """
 
 import argparse
@@ -31,11 +31,12 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from . import audit_plot, audit_te
-from .audit_te import TE_PATHS, NotRunnable
-from .reference_attention import PATHS, reference_attention, to_tokens
+from . import plot, te_runner
+from .te_runner import TE_PATHS, NotRunnable
+from ..masks import to_tokens
+from ..reference.attention import PATHS, reference_attention
 from .scenarios import REPORT_SCENARIOS, Scenario, build_scenario, scenario_names
-from .testing import prefix_change
+from ..testing import prefix_change
 
 __all__ = ["AuditRow", "run_audit", "row_json", "main"]
 
@@ -77,7 +78,7 @@ def _reference_runner(path: str) -> Callable:
 
 def _kernel_runner(path: str) -> Callable:
     """The fork's GPU kernel for fork-* paths (imported lazily: it needs Triton and a GPU)."""
-    from .attention import exact_fp8_attention_forward
+    from ..kernels import attention_forward
 
     recipe = {"fork-current": "current", "fork-mxfp8": "mxfp8"}[path]
 
@@ -89,7 +90,7 @@ def _kernel_runner(path: str) -> Callable:
                 cu = torch.tensor([0] + list(lens)).cumsum(0).to(torch.int32)
                 kw[f"cu_seqlens_{side}"] = cu
         kw = {key: val.cuda() if torch.is_tensor(val) else val for key, val in kw.items()}
-        out, _ = exact_fp8_attention_forward(q.cuda(), k.cuda(), v.cuda(), recipe=recipe, **kw)
+        out, _ = attention_forward(q.cuda(), k.cuda(), v.cuda(), recipe=recipe, **kw)
         return out.cpu(), KERNEL_BACKEND
 
     return run
@@ -98,7 +99,7 @@ def _kernel_runner(path: str) -> Callable:
 def _runner(path: str, mode: str) -> Callable:
     """run(q, k, v, kw) -> (out, backend) for `path` in `mode`; raises NotRunnable."""
     if mode == "te":
-        return audit_te.te_runner(path)
+        return te_runner.te_runner(path)
     if path not in PATHS:
         raise NotRunnable(f"{path} has no reference numerics; it runs through TE only")
     if mode == "kernels" and path.startswith("fork-"):
@@ -157,13 +158,13 @@ def _resolve_mode(device: str) -> Tuple[str, str]:
         if device == "cuda":
             raise SystemExit("--device cuda: no CUDA GPU is visible")
         return "cpu", ""
-    te_error = audit_te.te_import_error()
+    te_error = te_runner.te_import_error()
     if te_error is None:
         return "te", ""
     if device == "cuda":
         raise SystemExit(f"--device cuda runs through TE, but {te_error}")
     try:
-        from . import attention  # noqa: F401  (the kernels need Triton)
+        from ..triton import attention  # noqa: F401  (the kernels need Triton)
     except ImportError as err:
         return (
             "cpu",
@@ -182,7 +183,7 @@ def _header(mode: str, note: str = "") -> str:
         f"  python={platform.python_version()}"
     ]
     if mode == "te":
-        lines += audit_te.te_environment()
+        lines += te_runner.te_environment()
     elif mode == "kernels":
         import triton
 
@@ -252,7 +253,7 @@ def _default_paths(mode: str) -> List[str]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
     if args.plot:
-        audit_plot.require_matplotlib()  # fail before the audit runs, not after
+        plot.require_matplotlib()  # fail before the audit runs, not after
     mode, note = _resolve_mode(args.device)
     paths = args.paths or _default_paths(mode)
     header = _header(mode, note)
@@ -263,15 +264,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump([row_json(r) for r in rows], f, indent=1)
     if args.plot or args.plot_data:
-        sweep = audit_plot.distance_sweep(
+        sweep = plot.distance_sweep(
             lambda path: _runner(path, mode), paths, args.max_distance, args.seed, header
         )
-        print("\n" + audit_plot.format_sweep(sweep))
-        audit_plot.save(sweep, png=args.plot, data=args.plot_data)
+        print("\n" + plot.format_sweep(sweep))
+        plot.save(sweep, png=args.plot, data=args.plot_data)
     line, failed = _summary(rows)
     print(line)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,8 +7,11 @@ import json
 import pytest
 import torch
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import audit, audit_te
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.scenarios import (
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit import (
+    cli as audit,
+    te_runner as audit_te,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
     build_scenario,
 )
 

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .te_recipe import MASK_EXACT_FIELD, MXFP8_NATIVE_CAPABILITY, attention_fp8_autocast_recipe
+from ..te.recipe import MASK_EXACT_FIELD, MXFP8_NATIVE_CAPABILITY, attention_fp8_autocast_recipe
 
 __all__ = [
     "TE_PATHS",

@@ -1,0 +1,92 @@
+"""The package's layout (docs/architecture.md): the production path loads no oracle or audit
+module, old module paths are gone, and kernels.attention_forward is the one kernel entry point."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
+
+PKG = "transformer_engine.pytorch.attention.dot_product_attention.exact_fp8"
+
+# The modules of one FP8 call (docs/architecture.md, "One FP8 call").
+PRODUCTION = ["te.backend", "te.autograd", "te.recipe", "kernels", "quantize", "masks", "formats"]
+NOT_PRODUCTION = ("reference", "audit", "testing")
+
+
+def _loaded_after_import(modules, code: str = "") -> list:
+    """The exact_fp8 modules a fresh interpreter has loaded after importing `modules` and
+    running `code`."""
+    script = "\n".join(
+        ["import json, sys"]
+        + [f"import {PKG}.{m}" for m in modules]
+        + [code, f"print(json.dumps(sorted(m for m in sys.modules if m.startswith('{PKG}.'))))"]
+    )
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    return [m[len(PKG) + 1 :] for m in json.loads(out.stdout.splitlines()[-1])]
+
+
+def _oracle_or_tool(loaded: list) -> list:
+    return [m for m in loaded if m.split(".")[0] in NOT_PRODUCTION]
+
+
+def test_production_path_imports_no_oracle_and_no_audit():
+    loaded = _loaded_after_import(PRODUCTION)
+    assert "te.backend" in loaded and "kernels" in loaded
+    assert _oracle_or_tool(loaded) == []
+
+
+def test_triton_backend_imports_no_oracle():
+    pytest.importorskip("triton", reason="the Triton backend needs Triton")
+    loaded = _loaded_after_import(["triton.attention", "triton.qk_roundtrip"])
+    assert "triton.attention_kernel" in loaded
+    assert _oracle_or_tool(loaded) == []
+
+
+def test_quantize_cpu_fallback_is_the_one_route_into_the_reference():
+    code = (
+        "import torch\n"
+        f"from {PKG} import quantize\n"
+        "quantize.per_token_cast_to_fp8(torch.ones(1, 4, 2, 64).bfloat16(), qkv_format='bshd')"
+    )
+    loaded = _loaded_after_import(["quantize"], code)
+    assert _oracle_or_tool(loaded) == ["reference", "reference.quantize"]
+
+
+@pytest.mark.parametrize(
+    "old",
+    ["attention", "attention_kernel", "kernel_masking", "kernel_scaling", "qk_roundtrip", "backend"]
+    + ["autograd", "te_recipe", "quantize_reference", "reference_attention", "audit_te"]
+    + ["audit_plot", "scenarios"],
+)
+def test_old_module_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        __import__(f"{PKG}.{old}")
+
+
+def test_kernel_backend_selection():
+    assert kernels.select_backend() in kernels.BACKENDS
+    assert kernels.head_dims("triton") == (64, 128)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernels.head_dims("cudnn")
+
+
+def test_attention_forward_runs_the_selected_backends_launcher(monkeypatch):
+    pytest.importorskip("triton", reason="the Triton backend needs Triton")
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
+        attention as launcher,
+    )
+
+    calls = []
+
+    def fake(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return q, torch.zeros(1)
+
+    monkeypatch.setattr(launcher, "exact_fp8_attention_forward", fake)
+    q = torch.zeros(1, 2, 1, 64)
+    out, _ = kernels.attention_forward(q, q, q, recipe="current", attn_mask_type="causal")
+    assert out is q and calls == [dict(recipe="current", attn_mask_type="causal")]
