@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import backend
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import backend, status
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.autograd import (
     AttentionCall,
     lse_to_softmax_stats,
@@ -699,3 +699,97 @@ def test_dispatch_refuses_fp8_output(recipes, fake_kernel):
     dpa, params = _sbhd_call(recipes, fp8_output=True)
     with pytest.raises(ValueError, match="fp8_output"):
         backend.dispatch(dpa, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the dispatch records (te/status.py) and logs
+
+
+@pytest.fixture
+def fresh_status(monkeypatch):
+    monkeypatch.setattr(status, "_announced", False)
+    monkeypatch.setattr(status, "_warned", set())
+    status.reset()
+    yield
+    status.reset()
+
+
+def test_dispatch_records_the_runs_and_logs_the_first(recipes, fake_kernel, fresh_status, caplog):
+    caplog.set_level(logging.INFO, logger="DotProductAttention")
+    dpa, params = _sbhd_call(recipes)
+    x = torch.randn(96, 2, 4, 128).bfloat16()
+    cu = torch.tensor([0, 96, 192], dtype=torch.int32)
+    selected = backend.dispatch(dpa, params)
+    assert status.status().mask_exact_calls == 0  # selected, not yet run
+    for _ in range(2):
+        selected.run(x, x, x, cu, cu, None, None)
+    s = status.status()
+    assert (s.mask_exact_calls, s.last_recipe, s.fallbacks) == (2, "current", {})
+    assert s.last_kernel_backend == kernels.select_backend() == "triton"
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "recipe current, kernel backend triton" in infos[0]
+
+
+def test_dispatch_records_fallbacks_by_reason(recipes, fake_kernel, fresh_status, caplog):
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    for _ in range(2):
+        dpa, params = _sbhd_call(recipes, head_dim=96)
+        assert not backend.dispatch(dpa, params).runs
+    backend.dispatch(*_sbhd_call(recipes, field=False))  # not asked: not recorded
+    (reason,) = status.status().fallbacks
+    assert reason.startswith("head_dim_qk=96") and status.status().fallbacks[reason] == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    "support,reason",
+    [
+        (dict(triton_available=False), status.TRITON_MISSING),
+        (dict(extension_available=False), status.EXTENSION_MISSING),
+    ],
+)
+def test_a_missing_dependency_falls_back_with_one_warning(
+    support, reason, recipes, fake_kernel, fresh_status, monkeypatch, caplog
+):
+    full = dict(
+        compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True, onnx_export=False
+    )
+    monkeypatch.setattr(backend, "_device_support", lambda: {**full, **support})
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    for _ in range(3):
+        dpa, params = _sbhd_call(recipes)
+        selected = backend.dispatch(dpa, params)
+        assert not selected.runs and selected.attention_params.fp8 is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and reason in warnings[0]
+    assert status.status().fallbacks == {reason: 3}
+
+
+def test_mask_exact_decision_answers_without_recording(recipes, fake_kernel, fresh_status):
+    support = dict(compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True)
+    _, params = _sbhd_call(recipes)
+    decision = backend.mask_exact_decision(params, device_support=support)
+    assert decision.asked and decision.runs and decision.kernel_recipe == "current"
+    _, params = _sbhd_call(recipes, head_dim=96)
+    decision = backend.mask_exact_decision(params, device_support=support)
+    assert decision.asked and not decision.runs and decision.reason.startswith("head_dim_qk=96")
+    _, params = _sbhd_call(recipes, field=False)
+    assert not backend.mask_exact_decision(params, device_support=support).asked
+    _, params = _sbhd_call(recipes, fp8=False)
+    assert not backend.mask_exact_decision(params, device_support=support).asked
+    _, params = _sbhd_call(recipes, fp8_output=True)
+    with pytest.raises(ValueError, match="fp8_output"):
+        backend.mask_exact_decision(params, device_support=support)
+    assert status.status() == status.MaskExactStatus()
+
+
+def test_unsupported_reason_without_the_extension():
+    assert _reason(Params()) is None
+    reason = unsupported_reason(
+        Params(),
+        compute_capability=(9, 0),
+        head_dims=HEAD_DIMS,
+        triton_available=True,
+        extension_available=False,
+    )
+    assert reason == status.EXTENSION_MISSING
