@@ -267,3 +267,19 @@ def test_te_mode_fails_when_a_fork_path_cannot_run(fake_te_mode, monkeypatch):
         ]
     )
     assert rc == 1
+
+
+def test_fork_backend_names_the_kernels_and_refuses_a_fallback():
+    out = torch.zeros(4)
+    ran = audit_te.status.MaskExactStatus(
+        mask_exact_calls=1, last_kernel_backend="triton", last_recipe="current"
+    )
+    assert audit_te.fork_backend(ran, out, out.clone()) == (
+        "TE fork dispatch: mask-exact kernels (triton, recipe current); output == BF16 bitwise"
+    )
+    assert audit_te.fork_backend(ran, out, out + 1).endswith("output != BF16 (FP8)")
+    fell_back = audit_te.status.MaskExactStatus(fallbacks={"Triton is not installed": 1})
+    with pytest.raises(audit_te.NotRunnable, match="BF16/FP16 attention instead.*Triton"):
+        audit_te.fork_backend(fell_back, out, out.clone())
+    with pytest.raises(audit_te.NotRunnable, match="no call asked"):
+        audit_te.fork_backend(audit_te.status.MaskExactStatus(), out, out.clone())
