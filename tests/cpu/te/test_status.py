@@ -32,6 +32,10 @@ def test_runs_are_counted_and_the_first_is_logged_once_at_info(caplog):
     assert "Running with mask-exact FP8 attention (recipe current, kernel backend triton)" in (
         infos[0].getMessage()
     )
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert debug == ["Running with mask-exact FP8 attention (recipe mxfp8, kernel backend triton)"]
+    status.record_run("triton", "mxfp8", LOGGER)  # no change: nothing logged
+    assert len(caplog.records) == 2
 
 
 def test_missing_dependencies_warn_once_per_reason_other_fallbacks_are_debug(caplog):

@@ -9,10 +9,11 @@
 `te/backend.py` records every DotProductAttention call that asked for mask-exact FP8 attention:
 `record_run` when the mask-exact kernels ran it, `record_fallback` when it ran BF16/FP16
 attention instead. The first run of the process logs one INFO line on TE's DotProductAttention
-logger (shown with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=1). A fallback for a missing dependency
-(`MISSING_DEPENDENCIES`: Triton, the CUDA extension) logs a WARNING the first time per process
-and reason, since a whole run then silently trains without FP8 attention; every other fallback,
-and later calls, log at debug level, as TE logs its backend selection.
+logger (shown with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=1); a later change of recipe or kernel backend
+logs a debug line. A fallback for a missing dependency (`MISSING_DEPENDENCIES`: Triton, the
+CUDA extension) logs a WARNING the first time per process and reason, since a whole run would
+otherwise train without FP8 attention unnoticed; every other fallback, and later calls, log at
+debug level, as TE logs its backend selection.
 
 Calls that did not ask for mask-exact FP8 attention (autocast off, fp8_dpa=False, the field off,
 DelayedScaling) are not recorded. Counts are of forward calls; a CUDA graph replay is not a call.
@@ -103,12 +104,19 @@ def record_run(kernel_backend: str, recipe: str, logger: Any) -> None:
     global _calls, _announced
     with _lock:
         _calls += 1
+        changed = (_last["kernel_backend"], _last["recipe"]) != (kernel_backend, recipe)
         _last.update(kernel_backend=kernel_backend, recipe=recipe)
         first, _announced = not _announced, True
     if first:
         logger.info(
             "Running with mask-exact FP8 attention (recipe %s, kernel backend %s); logged once"
             " per process, exact_fp8.te.status.status() counts the calls",
+            recipe,
+            kernel_backend,
+        )
+    elif changed:  # later changes at debug level, as TE logs a changed backend selection
+        logger.debug(
+            "Running with mask-exact FP8 attention (recipe %s, kernel backend %s)",
             recipe,
             kernel_backend,
         )
