@@ -22,6 +22,7 @@ DESCRIPTION = "Transformer Engine with mask-exact FP8 dot-product attention"
 README = ROOT / "README.md"
 EGG_BASE = ROOT / "build"  # keep setuptools' egg-info out of the repository root
 EGG_BASE.mkdir(exist_ok=True)
+AUDIT = "transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.cli:main"
 
 setup(
     name="transformer-engine",
@@ -33,6 +34,7 @@ setup(
     packages=[],  # the package tree is assembled by build_tools.commands.BuildPy
     ext_modules=[commands.extension()],
     install_requires=commands.install_requires(),
+    entry_points={"console_scripts": [f"te-fp8-causality-audit = {AUDIT}"]},
     cmdclass=commands.CMDCLASS,
     zip_safe=False,
     options={"egg_info": {"egg_base": str(EGG_BASE)}},

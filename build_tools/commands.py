@@ -6,6 +6,8 @@
   build_tools.cmake_build; without nvcc it is skipped with a warning (an error with
   NVTE_FORK_REQUIRE_EXT=1).
 - BdistWheel writes `Root-Is-Purelib: true`, which upstream's import-time check requires.
+- EditableWheel and Develop refuse editable installs (`pip install -e .`, `setup.py develop`):
+  the package only exists once assembled, so an editable install would install nothing.
 """
 
 import shutil
@@ -17,6 +19,8 @@ from setuptools import Extension
 from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
+from setuptools.command.editable_wheel import editable_wheel
 from setuptools.errors import SetupError
 
 try:
@@ -71,16 +75,38 @@ class Build(build):
     ]
 
 
+EDITABLE_REFUSED = (
+    "editable installs (pip install -e) are not supported: the fork's transformer_engine package"
+    " is assembled at build time from upstream's wheel, the patches and this repository's files,"
+    " so an editable install would leave nothing importable. Use `pip install"
+    " --no-build-isolation .` (reinstall after a change), or `python -m build_tools.assemble --out"
+    " DIR` and put DIR on PYTHONPATH (docs/building.md, 'Assembling by hand')."
+)
+
+
+class EditableWheel(editable_wheel):
+    """Refuse PEP 660 editable installs (`pip install -e .`) before anything is built.
+
+    setuptools runs a custom build_py of an editable build in a mode that turns its errors into
+    warnings, so the refusal must come from this command itself."""
+
+    def run(self):
+        raise SetupError(EDITABLE_REFUSED)
+
+
+class Develop(develop):
+    """Refuse `setup.py develop` (the legacy editable install)."""
+
+    def run(self):
+        raise SetupError(EDITABLE_REFUSED)
+
+
 class BuildPy(build_py):
     """Assemble the fork's `transformer_engine` package into build_lib."""
 
     def run(self):
         if getattr(self, "editable_mode", False):
-            raise SetupError(
-                "editable installs are not supported: the package is assembled from upstream's"
-                " wheel at build time. Use `pip install --no-build-isolation .`, or"
-                " `python -m build_tools.assemble --out DIR` and put DIR on PYTHONPATH."
-            )
+            raise SetupError(EDITABLE_REFUSED)
         super().run()
         build_lib = Path(self.build_lib)
         shutil.rmtree(build_lib / pinned.PACKAGE, ignore_errors=True)
@@ -147,4 +173,11 @@ class BdistWheel(bdist_wheel):
         return any(Path(path).is_file() for path in outputs)
 
 
-CMDCLASS = {"build": Build, "build_py": BuildPy, "build_ext": BuildExt, "bdist_wheel": BdistWheel}
+CMDCLASS = {
+    "build": Build,
+    "build_py": BuildPy,
+    "build_ext": BuildExt,
+    "bdist_wheel": BdistWheel,
+    "editable_wheel": EditableWheel,
+    "develop": Develop,
+}

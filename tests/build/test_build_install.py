@@ -77,6 +77,62 @@ def test_wheel_metadata(wheel):
     assert "fp8_dpa_mask_exact" in recipe
 
 
+AUDIT_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit"
+
+
+def test_wheel_declares_the_audit_command(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        entry_points = archive.read("transformer_engine-2.20.2.dist-info/entry_points.txt").decode()
+        names = archive.namelist()
+    assert "[console_scripts]" in entry_points
+    assert f"te-fp8-causality-audit = {AUDIT_MODULE}.cli:main" in entry_points
+    assert f"{AUDIT_MODULE.replace('.', '/')}/cli.py" in names
+
+
+def test_installed_audit_command_runs(wheel, tmp_path):
+    """pip puts a te-fp8-causality-audit script in bin/ that reaches the audit's main().
+
+    The installed package's `transformer_engine/__init__.py` loads TE's core library, which this
+    machine lacks, so the script runs against the repository's tree of the same files."""
+    target = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target)]
+    subprocess.run([*pip, str(wheel)], check=True, capture_output=True)
+    script = target / "bin" / "te-fp8-causality-audit"
+    assert script.is_file() and os.access(script, os.X_OK)
+    run_env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    run = [sys.executable, str(script)]
+    result = subprocess.run([*run, "--help"], env=run_env, capture_output=True, text=True)
+    assert result.returncode == 0 and "--max-distance" in result.stdout
+    result = subprocess.run([*run, "--trials", "0"], env=run_env, capture_output=True, text=True)
+    assert result.returncode == 2 and "--trials: must be >= 1" in result.stderr
+
+
+def test_editable_install_is_refused(sources, tmp_path):
+    """`pip install -e .` fails with the reason instead of installing an empty package.
+
+    Offline: no build isolation, no dependencies, no index, an empty artifacts folder."""
+    source = shutil.copytree(sources, tmp_path / "source", ignore=shutil.ignore_patterns("build"))
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    build_env = dict(
+        os.environ, NVTE_FORK_CUDA_MAJOR="13", NVTE_FORK_ARTIFACTS_DIR=str(artifacts)
+    )
+    prefix = tmp_path / "prefix"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps"]
+    cmd += ["--no-index", "--prefix", str(prefix), "-e", str(source)]
+    result = subprocess.run(cmd, env=build_env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "editable installs (pip install -e) are not supported" in result.stdout + result.stderr
+    assert not prefix.exists()
+
+
+@pytest.mark.filterwarnings("ignore:.*develop")  # setuptools deprecates the command itself
+def test_setup_py_develop_is_refused():
+    develop = commands.Develop(Distribution())
+    with pytest.raises(SetupError, match="editable installs"):
+        develop.run()
+
+
 UPSTREAM_CHECK = """
 import ast, functools, sys
 from importlib.metadata import PackageNotFoundError, distribution, version

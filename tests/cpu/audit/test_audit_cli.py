@@ -35,16 +35,96 @@ def test_audit_cpu_mode_json_and_exit_status(tmp_path, capsys):
 
 def test_audit_fails_when_a_fork_path_leaks(monkeypatch):
     """Route fork-current through upstream's rule: the audit must exit non-zero."""
+    _route_fork_current_through_upstream(monkeypatch)
+    rc = audit.main(
+        ["--device", "cpu", "--paths", "fork-current", "--scenarios", "report-current-future"]
+    )
+    assert rc == 1
+
+
+def _route_fork_current_through_upstream(monkeypatch):
     real = audit._reference_runner
     monkeypatch.setattr(
         audit,
         "_reference_runner",
         lambda path: real("upstream-current" if path == "fork-current" else path),
     )
-    rc = audit.main(
-        ["--device", "cpu", "--paths", "fork-current", "--scenarios", "report-current-future"]
-    )
-    assert rc == 1
+
+
+def test_a_randomized_row_runs_at_least_one_draw(monkeypatch, capsys):
+    """With a leaking rule in a fork path, a randomized scenario fails; --trials 0 is refused."""
+    _route_fork_current_through_upstream(monkeypatch)
+    argv = ["--device", "cpu", "--paths", "fork-current", "--scenarios", "random-future-v"]
+    assert audit.main(argv + ["--trials", "1"]) == 1
+    for trials in ("0", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            audit.main(argv + ["--trials", trials])
+        assert exit_info.value.code == 2
+    with pytest.raises(ValueError, match="trials must be >= 1"):
+        audit.run_audit(["fork-current"], ["random-future-v"], trials=0)
+
+
+@pytest.fixture
+def audit_must_not_run(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the audit ran although an argument was bad")
+
+    monkeypatch.setattr(audit, "run_audit", refuse)
+    monkeypatch.setattr(audit.plot, "distance_sweep", refuse)
+
+
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--trials", "0"], "argument --trials: must be >= 1, got 0"),
+        (["--trials", "three"], "argument --trials: expected a whole number"),
+        (["--seed", "-1"], "argument --seed: must be >= 0"),
+        (["--max-distance", "100"], "argument --max-distance: must be a power of two"),
+        (["--max-distance", "0"], "argument --max-distance: must be a power of two"),
+        (["--max-distance", "8192"], "from 1 to 4096"),
+        (["--json", "{tmp}/missing/audit.json"], "--json {tmp}/missing/audit.json: the folder"),
+        (["--json", "{tmp}"], "--json {tmp}: {tmp} is a directory"),
+        (["--plot-data", "{tmp}/no/sweep.json"], "does not exist"),
+        (["--plot", "{tmp}"], "is a directory"),
+        (["--json", "{tmp}/a.json", "--plot-data", "{tmp}/a.json"], "the output files must differ"),
+        (["--paths", "fork"], "argument --paths: invalid choice: 'fork'"),
+    ],
+)
+def test_argument_errors_exit_2_with_one_line_before_the_audit_runs(
+    argv, fragment, tmp_path, capsys, audit_must_not_run
+):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        audit.main(["--device", "cpu"] + argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("te-fp8-causality-audit: error: ")
+    assert fragment.format(tmp=tmp_path) in err
+
+
+def test_plot_without_matplotlib_says_how_before_the_audit_runs(
+    monkeypatch, tmp_path, capsys, audit_must_not_run
+):
+    monkeypatch.setattr(audit.plot, "matplotlib_missing", lambda: "No module named 'matplotlib'")
+    with pytest.raises(SystemExit) as exit_info:
+        audit.main(["--device", "cpu", "--plot", str(tmp_path / "a.png")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "pip install matplotlib" in err and "--plot-data" in err
+
+
+def test_every_option_has_help_text():
+    parser = audit._parser()
+    options = [a for a in parser._actions if a.option_strings]
+    assert {"--device", "--paths", "--scenarios", "--seed", "--plot-data"} <= {
+        o for a in options for o in a.option_strings
+    }
+    assert all(a.help and len(a.help) > 10 for a in options)
+
+
+def test_output_path_error():
+    assert audit.output_path_error("audit.json") is None  # the working directory
+    assert "is a directory" in audit.output_path_error(".")
 
 
 # The GPU mode's logic, without TE or a GPU: path plans, argument conversion, rows and exit status.
@@ -187,3 +267,19 @@ def test_te_mode_fails_when_a_fork_path_cannot_run(fake_te_mode, monkeypatch):
         ]
     )
     assert rc == 1
+
+
+def test_fork_backend_names_the_kernels_and_refuses_a_fallback():
+    out = torch.zeros(4)
+    ran = audit_te.status.MaskExactStatus(
+        mask_exact_calls=1, last_kernel_backend="triton", last_recipe="current"
+    )
+    assert audit_te.fork_backend(ran, out, out.clone()) == (
+        "TE fork dispatch: mask-exact kernels (triton, recipe current); output == BF16 bitwise"
+    )
+    assert audit_te.fork_backend(ran, out, out + 1).endswith("output != BF16 (FP8)")
+    fell_back = audit_te.status.MaskExactStatus(fallbacks={"Triton is not installed": 1})
+    with pytest.raises(audit_te.NotRunnable, match="BF16/FP16 attention instead.*Triton"):
+        audit_te.fork_backend(fell_back, out, out.clone())
+    with pytest.raises(audit_te.NotRunnable, match="no call asked"):
+        audit_te.fork_backend(audit_te.status.MaskExactStatus(), out, out.clone())

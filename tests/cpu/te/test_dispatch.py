@@ -17,7 +17,11 @@ import pytest
 import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import backend
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import (
+    backend,
+    selection,
+    status,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.autograd import (
     AttentionCall,
     lse_to_softmax_stats,
@@ -199,7 +203,9 @@ def test_patched_python_files_compile(recipes):
     for relative in (
         "pytorch/attention/dot_product_attention/dot_product_attention.py",
         "pytorch/attention/multi_head_attention.py",
+        "pytorch/attention/dot_product_attention/utils.py",
         "pytorch/attention/dot_product_attention/exact_fp8/te/backend.py",
+        "pytorch/attention/dot_product_attention/exact_fp8/te/selection.py",
     ):
         py_compile.compile(str(recipes.package_dir / relative), doraise=True)
 
@@ -699,3 +705,220 @@ def test_dispatch_refuses_fp8_output(recipes, fake_kernel):
     dpa, params = _sbhd_call(recipes, fp8_output=True)
     with pytest.raises(ValueError, match="fp8_output"):
         backend.dispatch(dpa, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the dispatch records (te/status.py) and logs
+
+
+@pytest.fixture
+def fresh_status(monkeypatch):
+    monkeypatch.setattr(status, "_announced", False)
+    monkeypatch.setattr(status, "_warned", set())
+    status.reset()
+    yield
+    status.reset()
+
+
+def test_dispatch_records_the_runs_and_logs_the_first(recipes, fake_kernel, fresh_status, caplog):
+    caplog.set_level(logging.INFO, logger="DotProductAttention")
+    dpa, params = _sbhd_call(recipes)
+    x = torch.randn(96, 2, 4, 128).bfloat16()
+    cu = torch.tensor([0, 96, 192], dtype=torch.int32)
+    selected = backend.dispatch(dpa, params)
+    assert status.status().mask_exact_calls == 0  # selected, not yet run
+    for _ in range(2):
+        selected.run(x, x, x, cu, cu, None, None)
+    s = status.status()
+    assert (s.mask_exact_calls, s.last_recipe, s.fallbacks) == (2, "current", {})
+    assert s.last_kernel_backend == kernels.select_backend() == "triton"
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "recipe current, kernel backend triton" in infos[0]
+
+
+def test_dispatch_records_fallbacks_by_reason(recipes, fake_kernel, fresh_status, caplog):
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    for _ in range(2):
+        dpa, params = _sbhd_call(recipes, head_dim=96)
+        assert not backend.dispatch(dpa, params).runs
+    backend.dispatch(*_sbhd_call(recipes, field=False))  # not asked: not recorded
+    (reason,) = status.status().fallbacks
+    assert reason.startswith("head_dim_qk=96") and status.status().fallbacks[reason] == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    "support,reason",
+    [
+        (dict(triton_available=False), status.TRITON_MISSING),
+        (dict(extension_available=False), status.EXTENSION_MISSING),
+    ],
+)
+def test_a_missing_dependency_falls_back_with_one_warning(
+    support, reason, recipes, fake_kernel, fresh_status, monkeypatch, caplog
+):
+    full = dict(
+        compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True, onnx_export=False
+    )
+    monkeypatch.setattr(backend, "_device_support", lambda: {**full, **support})
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    for _ in range(3):
+        dpa, params = _sbhd_call(recipes)
+        selected = backend.dispatch(dpa, params)
+        assert not selected.runs and selected.attention_params.fp8 is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and reason in warnings[0]
+    assert status.status().fallbacks == {reason: 3}
+
+
+def test_mask_exact_decision_answers_without_recording(recipes, fake_kernel, fresh_status):
+    support = dict(compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True)
+    _, params = _sbhd_call(recipes)
+    decision = backend.mask_exact_decision(params, device_support=support)
+    assert decision.asked and decision.runs and decision.kernel_recipe == "current"
+    _, params = _sbhd_call(recipes, head_dim=96)
+    decision = backend.mask_exact_decision(params, device_support=support)
+    assert decision.asked and not decision.runs and decision.reason.startswith("head_dim_qk=96")
+    _, params = _sbhd_call(recipes, field=False)
+    assert not backend.mask_exact_decision(params, device_support=support).asked
+    _, params = _sbhd_call(recipes, fp8=False)
+    assert not backend.mask_exact_decision(params, device_support=support).asked
+    _, params = _sbhd_call(recipes, fp8_output=True)
+    with pytest.raises(ValueError, match="fp8_output"):
+        backend.mask_exact_decision(params, device_support=support)
+    assert status.status() == status.MaskExactStatus()
+
+
+def test_unsupported_reason_without_the_extension():
+    assert _reason(Params()) is None
+    reason = unsupported_reason(
+        Params(),
+        compute_capability=(9, 0),
+        head_dims=HEAD_DIMS,
+        triton_available=True,
+        extension_available=False,
+    )
+    assert reason == status.EXTENSION_MISSING
+
+
+# ---------------------------------------------------------------------------------------------
+# te/selection.py: what upstream's get_attention_backend reports (patch 0005)
+
+SM90 = dict(compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True)
+
+
+def test_selection_reports_the_mask_exact_backend_on_sm90(recipes, fresh_status, caplog):
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    _, params = _sbhd_call(recipes)  # Float8CurrentScaling(fp8_dpa=True): upstream has none on sm90
+    chosen = selection.select(params, device_support=SM90)
+    flash, flash_backend, fused, fused_backend, unfused, available = chosen.backend
+    assert (flash, flash_backend, fused, unfused, available) == (
+        False,
+        None,
+        True,
+        False,
+        [False, True, False],
+    )
+    assert selection.is_mask_exact_backend(fused_backend) and int(fused_backend) == -1
+    assert not selection.is_mask_exact_backend(-1) and not selection.is_mask_exact_backend(1)
+    assert "mask-exact FP8 attention" in str(fused_backend) == repr(fused_backend)
+    assert "Selected backend = FusedAttention slot: mask-exact FP8 attention" in caplog.text
+    assert "recipe current, kernel backend triton" in caplog.text
+    assert status.status() == status.MaskExactStatus()  # a question, not a call
+
+
+def test_selection_continues_upstreams_with_what_runs(recipes, fresh_status):
+    _, params = _sbhd_call(recipes, head_dim=96)  # the fork falls back: BF16 is what runs
+    chosen = selection.select(params, device_support=SM90)
+    assert chosen.backend is None and chosen.attention_params.fp8 is False and params.fp8
+    _, params = _sbhd_call(recipes)
+    chosen = selection.select(params, device_support=dict(SM90, compute_capability=(8, 0)))
+    assert chosen.backend is None and chosen.attention_params.fp8 is False
+    for changes in (dict(field=False), dict(fp8=False), dict(fp8_output=True)):
+        _, params = _sbhd_call(recipes, **changes)  # not asked, or refused: upstream's, as is
+        chosen = selection.select(params, device_support=SM90)
+        assert chosen.backend is None and chosen.attention_params is params
+    assert status.status() == status.MaskExactStatus()
+
+
+class _UpstreamSelectionContinues(Exception):
+    """Raised by the stand-in of the first function upstream's own selection calls after patch
+    0005's hook; carries the value of get_attention_backend's local `fp8` at that point."""
+
+    @classmethod
+    def raise_with_fp8(cls, *args):
+        raise cls(sys._getframe(1).f_locals["fp8"])
+
+
+def _patched_get_attention_backend(recipes, monkeypatch):
+    """Upstream's get_attention_backend with patch 0005, compiled alone from the patched utils.py,
+    its module globals replaced by stand-ins for an H200 (TE's core library is not here)."""
+    import ast
+    import os
+    import types
+
+    source = (recipes.package_dir / "pytorch/attention/dot_product_attention/utils.py").read_text()
+    (func,) = [
+        n
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef) and n.name == "get_attention_backend"
+    ]
+    fields_read = sorted(
+        {
+            n.attr
+            for n in ast.walk(func)
+            if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "attention_params"
+        }
+    )
+    flash = types.SimpleNamespace(
+        version=None,
+        is_installed=False,
+        fa3_version=None,
+        v3_is_installed=False,
+        fa4_version=None,
+        v4_is_installed=False,
+    )
+    logging_stub = types.SimpleNamespace(
+        _log_level=logging.DEBUG, _stream_handler=logging.Handler()
+    )
+    namespace = dict(
+        torch=torch,
+        os=os,
+        logging=logging,
+        fields=dataclasses.fields,
+        AttentionParams=object,
+        AttentionLogging=logging_stub,
+        no_op_logger=None,
+        get_device_compute_capability=lambda: (9, 0),
+        get_cudnn_version=lambda: (9, 19, 0),
+        te=types.SimpleNamespace(__version__="2.20.2"),
+        FlashAttentionUtils=flash,
+        exact_fp8_selection=selection,
+        get_qkv_format=_UpstreamSelectionContinues.raise_with_fp8,
+    )
+    module = ast.Module(body=[func], type_ignores=[])
+    exec(compile(module, "patched utils.py", "exec"), namespace)
+    monkeypatch.setattr(backend, "_device_support", lambda: dict(SM90, onnx_export=False))
+    return namespace["get_attention_backend"], fields_read
+
+
+def test_patched_get_attention_backend_reports_mask_exact_on_sm90(
+    recipes, monkeypatch, fresh_status, caplog
+):
+    """What upstream's tests and helpers see: current scaling FP8 attention on sm90 has a backend."""
+    get_attention_backend, fields_read = _patched_get_attention_backend(recipes, monkeypatch)
+    _, base = _sbhd_call(recipes)
+    known = {f.name for f in dataclasses.fields(Params)}
+    extra = [(name, object, None) for name in fields_read if name not in known]
+    full = dataclasses.make_dataclass("AttentionParams", extra, bases=(Params,))
+    make = lambda base: full(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Params)})
+    caplog.set_level(logging.DEBUG, logger="DotProductAttention")
+    result = get_attention_backend(make(base))
+    assert result[:3] == (False, None, True) and result[4:] == (False, [False, True, False])
+    assert selection.is_mask_exact_backend(result[3])
+    assert "Selected backend = FusedAttention slot: mask-exact FP8 attention" in caplog.text
+    # A fallback continues upstream's selection with FP8 off; a call not asking, unchanged.
+    for changes, fp8 in ((dict(head_dim=96), False), (dict(field=False), True)):
+        with pytest.raises(_UpstreamSelectionContinues) as continued:
+            get_attention_backend(make(_sbhd_call(recipes, **changes)[1]))
+        assert continued.value.args == (fp8,)

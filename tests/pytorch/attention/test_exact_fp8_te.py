@@ -793,3 +793,123 @@ def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backw
         end = pack[-1]  # tokens past the last sequence belong to none
         assert torch.equal(got_out[:end], want_out[:end])
         assert all(torch.equal(g[:end], w[:end]) for g, w in zip(got_grads, want_grads))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a user sees: exact_fp8.te.status, get_attention_backend (patch 0005), per-module recipes
+
+
+def _status_module():
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import status
+
+    return status
+
+
+def test_status_counts_mask_exact_calls_and_fallbacks(kernel_runs):
+    status = _status_module()
+    status.reset()
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    dpa = te.DotProductAttention(2, 128, qkv_format="bshd").eval()
+    small = te.DotProductAttention(2, 96, qkv_format="bshd").eval()
+    q, k, v = (_rand(2, 128, 2, 128, gen=gen) for _ in range(3))
+    q96, k96, v96 = (_rand(2, 128, 2, 96, gen=gen) for _ in range(3))
+    with torch.no_grad(), te.autocast(enabled=True, recipe=_current()):
+        dpa(q, k, v)
+        dpa(q, k, v)
+        small(q96, k96, v96)
+    s = status.status()
+    assert (s.mask_exact_calls, s.last_kernel_backend, s.last_recipe) == (2, "triton", "current")
+    ((reason, count),) = s.fallbacks.items()
+    assert reason.startswith("head_dim_qk=96") and count == 1
+    assert kernel_runs == ["current"] * 2
+
+
+def test_get_attention_backend_reports_the_mask_exact_backend(monkeypatch, kernel_runs):
+    """Current scaling FP8 attention on sm90: upstream's selection has no backend for it; with
+    patch 0005 it reports the fork's (and BF16's selection where the fork falls back)."""
+    from transformer_engine.pytorch.attention.dot_product_attention import utils as dpa_utils
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import selection
+
+    captured = []
+    original = dpa_module.exact_fp8_backend.dispatch
+
+    def spy(module, params):
+        captured.append(params)
+        return original(module, params)
+
+    monkeypatch.setattr(dpa_module.exact_fp8_backend, "dispatch", spy)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x = _rand(2, 128, 2, 128, gen=gen)
+    dpa = te.DotProductAttention(2, 128, qkv_format="bshd").eval()
+    with torch.no_grad(), te.autocast(enabled=True, recipe=_current()):
+        dpa(x, x, x)
+    flash, _, fused, fused_backend, unfused, available = dpa_utils.get_attention_backend(
+        captured[0]
+    )
+    assert (flash, bool(fused), unfused, available) == (False, True, False, [False, True, False])
+    assert selection.is_mask_exact_backend(fused_backend)
+    bf16 = dpa_utils.get_attention_backend(dataclasses.replace(captured[0], fp8=False))
+    assert not selection.is_mask_exact_backend(bf16[3]) and any(bf16[5])
+
+
+def _example():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "gpt_fp8_causal.py"
+    spec = importlib.util.spec_from_file_location("gpt_fp8_causal", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _nested_prefix_change(linear_recipe):
+    """TransformerLayer prefix change with its Linear layers under `linear_recipe` (None: BF16)
+    and its DotProductAttention under its own Float8CurrentScaling(fp8_dpa=True), as the example
+    runs it (examples/gpt_fp8_causal.py, attention_under_recipe)."""
+    example = _example()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    batch, s, cut = 2, 384, 190
+    x = _rand(batch, s, 512, gen=gen)
+    x_future = x.clone()
+    x_future[:, cut + 1 :] = _garbage(x_future[:, cut + 1 :], gen)
+    outs = []
+    for inp in (x, x_future):
+        layer = _module("TransformerLayer", seed=5).eval()
+        example.attention_under_recipe(layer.self_attention.core_attention, _current())
+        with torch.no_grad(), te.autocast(enabled=linear_recipe is not None, recipe=linear_recipe):
+            outs.append(layer(inp).view(batch * s, 1, 512))
+    keep = (torch.arange(s, device="cuda") <= cut).repeat(batch)
+    return prefix_change(outs[0], outs[1], keep)
+
+
+def test_per_module_recipes_blockwise_linear_layers_are_causal(kernel_runs):
+    from transformer_engine.pytorch.quantization import check_fp8_block_scaling_support
+
+    supported, why = check_fp8_block_scaling_support()
+    if not supported:
+        pytest.skip(why)
+    assert _nested_prefix_change(te_recipes.Float8BlockScaling()) == (0.0, 0)
+    assert kernel_runs == ["current"] * 2
+
+
+def test_per_module_recipes_bf16_linear_layers_are_causal(kernel_runs):
+    assert _nested_prefix_change(None) == (0.0, 0)
+    assert kernel_runs == ["current"] * 2
+
+
+def test_per_module_recipes_current_scaling_linear_layers_leak(kernel_runs):
+    """The negative control: the attention is mask-exact, the Linear layers' amax is not."""
+    assert _nested_prefix_change(te_recipes.Float8CurrentScaling())[1] > 0
+    assert kernel_runs == ["current"] * 2
+
+
+def test_the_example_trains_and_is_causal(capsys):
+    example = _example()
+    argv = ["--steps", "4", "--num-layers", "2", "--batch-size", "2", "--seq-len", "256"]
+    assert example.main(argv + ["--check-causality", "--log-every", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "the model is causal" in out and "mask-exact FP8 attention: " in out
+    assert "fallbacks: none" in out

@@ -24,6 +24,7 @@ token from the prefix end (audit/plot.py); --plot-data FILE.json writes the same
 
 import argparse
 import json
+import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
@@ -38,7 +39,7 @@ from ..reference.attention import PATHS, reference_attention
 from .scenarios import REPORT_SCENARIOS, Scenario, build_scenario, scenario_names
 from ..testing import prefix_change
 
-__all__ = ["AuditRow", "run_audit", "row_json", "main"]
+__all__ = ["AuditRow", "run_audit", "row_json", "output_path_error", "main"]
 
 MUST_BE_EXACT = ("bf16", "fork-current", "fork-mxfp8")
 REFERENCE_BACKEND = "reference (CPU)"
@@ -138,6 +139,8 @@ def run_audit(
     paths=PATHS, scenarios=None, trials: int = 3, seed: int = 0, mode: str = "cpu"
 ) -> List[AuditRow]:
     """One AuditRow per (path, scenario), in `mode` (see MODES)."""
+    if trials < 1:  # no draw would leave a randomized row exact that checked nothing
+        raise ValueError(f"trials must be >= 1, got {trials}")
     rows = []
     for path in paths:
         try:
@@ -228,22 +231,156 @@ def _summary(rows: List[AuditRow]) -> Tuple[str, bool]:
     return line, bool(bad_leaks or bad_not_run)
 
 
-def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="te-fp8-causality-audit", description=__doc__.split("\n")[0]
+class _Parser(argparse.ArgumentParser):
+    """argparse, with an argument error reported as one line (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+MAX_PLOT_DISTANCE = 4096
+"""The largest --max-distance: the CPU reference then attends over 4480 tokens in fp64."""
+
+_EPILOG = """exit status: 0 when every bf16 and fork-* row is exact; 1 when one of them changed a
+protected output or could not run; 2 for an argument error (nothing ran)."""
+
+
+def _trials(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be >= 1, got {value} (a randomized scenario drawn no time would check nothing"
+            " and could not fail)"
+        )
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _max_distance(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_PLOT_DISTANCE or value & (value - 1):
+        raise argparse.ArgumentTypeError(
+            f"must be a power of two from 1 to {MAX_PLOT_DISTANCE} (the plot's distances are 1, 2,"
+            f" 4, ..., max), got {value}"
+        )
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="te-fp8-causality-audit",
+        description=__doc__.split("\n")[0],
+        epilog=_EPILOG,
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--paths", nargs="+", choices=TE_PATHS, default=None)
-    parser.add_argument("--scenarios", nargs="+", choices=scenario_names(), default=None)
-    parser.add_argument("--trials", type=int, default=3, help="draws per randomized scenario")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as a JSON list")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw prefix change vs distance")
-    parser.add_argument("--plot-data", metavar="FILE.json", help="write the plot's data as JSON")
     parser.add_argument(
-        "--max-distance", type=int, default=512, help="largest distance in the plot (power of 2)"
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="cpu: the reference numerics; cuda: every path through TE's DotProductAttention"
+        " (needs a GPU and the fork installed); auto (default): cuda when it can run, else the"
+        " fork's kernels on the GPU, else cpu",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=TE_PATHS,
+        default=None,
+        metavar="PATH",
+        help="the attention paths to audit (default: every path the device runs): "
+        + ", ".join(TE_PATHS),
+    )
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        choices=scenario_names(),
+        default=None,
+        metavar="SCENARIO",
+        help="the scenarios to run (default: all): " + ", ".join(scenario_names()),
+    )
+    parser.add_argument(
+        "--trials",
+        type=_trials,
+        default=3,
+        help="random draws per randomized scenario, >= 1 (default 3; the report-* scenarios run"
+        " once)",
+    )
+    parser.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the random inputs, >= 0 (default 0)"
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the rows to FILE as a JSON list")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the prefix change against the perturbed token's distance into FILE.png"
+        " (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--plot-data",
+        metavar="FILE.json",
+        help="write the data of that plot to FILE.json (no matplotlib needed; draw it later with"
+        " python -m %s.plot FILE.json FILE.png)" % __package__,
+    )
+    parser.add_argument(
+        "--max-distance",
+        type=_max_distance,
+        default=512,
+        help="largest distance of the plot, a power of two from 1 to %d (default 512)"
+        % MAX_PLOT_DISTANCE,
+    )
+    return parser
+
+
+def output_path_error(path: str) -> Optional[str]:
+    """Why `path` cannot be written as an output file, or None when it can."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return f"{path} is a directory"
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist"
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        return f"{path} is not writable"
+    if not os.path.exists(target) and not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    """The arguments, checked before anything runs: argument errors exit 2 with one line."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    outputs = [(f"--{name}", getattr(args, name.replace("-", "_"))) for name in OUTPUT_OPTIONS]
+    outputs = [(option, path) for option, path in outputs if path]
+    for option, path in outputs:
+        error = output_path_error(path)
+        if error:
+            parser.error(f"{option} {path}: {error}")
+    real = [os.path.realpath(path) for _, path in outputs]
+    if len(set(real)) < len(real):
+        parser.error("the output files must differ: " + ", ".join(f"{o} {p}" for o, p in outputs))
+    if args.plot:
+        missing = plot.matplotlib_missing()
+        if missing:
+            parser.error(f"--plot needs matplotlib ({missing}): {plot.MATPLOTLIB_HINT}")
+    return args
+
+
+OUTPUT_OPTIONS = ("json", "plot", "plot-data")
 
 
 def _default_paths(mode: str) -> List[str]:
@@ -251,9 +388,7 @@ def _default_paths(mode: str) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parse(argv)
-    if args.plot:
-        plot.require_matplotlib()  # fail before the audit runs, not after
+    args = _parse(argv)  # before the audit runs: a bad argument or output path exits 2 here
     mode, note = _resolve_mode(args.device)
     paths = args.paths or _default_paths(mode)
     header = _header(mode, note)

@@ -32,6 +32,8 @@ __all__ = [
     "sweep_distances",
     "distance_sweep",
     "format_sweep",
+    "MATPLOTLIB_HINT",
+    "matplotlib_missing",
     "require_matplotlib",
     "plot_sweep",
     "save",
@@ -123,17 +125,29 @@ def format_sweep(sweep: Dict) -> str:
     return "\n".join(lines)
 
 
+MATPLOTLIB_HINT = (
+    "`pip install matplotlib` (tools/audit.sh --plot installs it), or write the data with"
+    " --plot-data FILE.json and draw it where matplotlib is installed with"
+    f" `python -m {__name__} FILE.json FILE.png`"
+)
+
+
+def matplotlib_missing() -> Optional[str]:
+    """Why matplotlib cannot be imported, or None when it can."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        return str(err)
+    return None
+
+
 def require_matplotlib():
     """Import matplotlib (Agg backend) or exit with a clear message."""
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise SystemExit(
-            f"--plot needs matplotlib ({err}): `pip install matplotlib`, or write the data with"
-            " --plot-data FILE.json and draw it elsewhere with"
-            " `python -m transformer_engine.pytorch.attention.dot_product_attention.exact_fp8"
-            ".audit_plot FILE.json FILE.png`"
-        ) from err
+    missing = matplotlib_missing()
+    if missing:
+        raise SystemExit(f"drawing the plot needs matplotlib ({missing}): {MATPLOTLIB_HINT}")
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

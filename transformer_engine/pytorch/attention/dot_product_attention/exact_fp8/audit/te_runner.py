@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..te import status
 from ..te.recipe import MASK_EXACT_FIELD, MXFP8_NATIVE_CAPABILITY, attention_fp8_autocast_recipe
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "te_import_error",
     "te_environment",
     "te_runner",
+    "fork_backend",
 ]
 
 TE_PATHS = (
@@ -301,11 +303,21 @@ def _upstream_backend(plan: TePathPlan) -> str:
     return f"TE {name}"
 
 
-def _fork_backend(out: torch.Tensor, bf16_out: torch.Tensor) -> str:
-    """The fork dispatches outside TE's selection record; say instead whether any FP8 value reached
-    the output (bitwise equal to BF16 attention means none did, e.g. a BF16 fallback)."""
+def fork_backend(ran: "status.MaskExactStatus", out: torch.Tensor, bf16_out: torch.Tensor) -> str:
+    """The backend column of a fork path's call, from the fork's record of it (te/status.py).
+
+    Raises NotRunnable when the call fell back to BF16/FP16 attention: its output is exact by
+    construction, so counting it as an exact fork row would be a check that cannot fail. Also
+    says whether the output equals BF16 attention's bit for bit (it can, e.g. with q = k = ones
+    and every V tile at the mask boundary, where the kernels use unquantized V)."""
+    if not ran.mask_exact_calls:
+        reasons = "; ".join(ran.fallbacks) or "no call asked for mask-exact FP8 attention"
+        raise NotRunnable(f"the fork ran BF16/FP16 attention instead, not its kernels ({reasons})")
     same = torch.equal(out, bf16_out)
-    return "TE fork dispatch; " + ("output == BF16 bitwise" if same else "output != BF16 (FP8)")
+    return (
+        f"TE fork dispatch: mask-exact kernels ({ran.last_kernel_backend}, recipe"
+        f" {ran.last_recipe}); " + ("output == BF16 bitwise" if same else "output != BF16 (FP8)")
+    )
 
 
 def te_runner(path: str) -> Callable:
@@ -322,13 +334,15 @@ def te_runner(path: str) -> Callable:
 
     def run(q, k, v, kw):
         with _env(EMULATE_ENV, "1" if plan.emulate_fp8 else None), _collect_messages() as msgs:
+            status.reset()
             try:
                 out = _call_dpa(plan, q, k, v, kw)
             except (ValueError, RuntimeError, AssertionError, NotImplementedError) as err:
                 first = (str(err).strip().splitlines() or [""])[0]
                 raise NotRunnable(f"TE refused it: {type(err).__name__}: {first}") from err
             if plan.path.startswith("fork-"):
-                backend = _fork_backend(out, _call_dpa(bf16, q, k, v, kw))
+                ran = status.status()
+                backend = fork_backend(ran, out, _call_dpa(bf16, q, k, v, kw))
             else:
                 backend = _upstream_backend(plan)
         if msgs:

@@ -10,27 +10,39 @@ attention (recipe.mask_exact_recipe):
   * a configuration the mask-exact kernels support runs them (`Dispatch.run`, te/autograd.py);
   * any other configuration runs upstream's BF16/FP16 attention: the AttentionParams handed back
     have fp8=False, and the reason is logged at debug level ("Disabling mask-exact FP8 attention
-    for ..."). It never falls back to upstream's FP8 attention, whose scales leak across the mask.
+    for ..."), or as a warning, once per process, when a dependency is missing (Triton, the CUDA
+    extension; te/status.py). It never falls back to upstream's FP8 attention, whose scales leak
+    across the mask.
+
+Every call that asked is recorded in te/status.py (`status.status()`: mask-exact calls, fallbacks
+by reason, the last kernel backend). `mask_exact_decision` answers the same question from the
+AttentionParams alone, without recording anything; te/selection.py uses it to report the
+mask-exact backend from upstream's get_attention_backend (patch 0005).
 
 Without the request, upstream's selection runs unchanged. This module imports no part of TE at
-import time: `unsupported_reason` and `check_request` are pure and tested on CPU.
+import time: `unsupported_reason`, `check_request` and `mask_exact_decision` (given the device
+support) are pure and tested on CPU.
 """
 
 import dataclasses
 import functools
+import logging
 import os
 from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .. import kernels
+from .. import kernels, quantize
 from ..masks import MASK_TYPES
+from . import status
 from .recipe import kernel_recipe, mask_exact_recipe
 
 __all__ = [
     "MIN_COMPUTE_CAPABILITY",
+    "Decision",
     "Dispatch",
     "dispatch",
+    "mask_exact_decision",
     "check_request",
     "unsupported_reason",
     "qkv_formats",
@@ -41,7 +53,7 @@ MIN_COMPUTE_CAPABILITY = (8, 9)
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _NON_CAUSAL_MASKS = ("no_mask", "padding")
-_DISABLED = "Disabling mask-exact FP8 attention for %s; running BF16/FP16 attention instead"
+_DISABLED = status.DISABLED
 
 
 def qkv_formats(qkv_layout: str) -> Tuple[str, str]:
@@ -90,22 +102,26 @@ def unsupported_reason(
     head_dims: Tuple[int, ...],
     triton_available: bool,
     onnx_export: bool = False,
+    extension_available: bool = True,
 ) -> Optional[str]:
     """Why the mask-exact kernels cannot run this call, or None when they can.
 
     params: DotProductAttention's AttentionParams (any object with its attributes); head_dims:
-    the kernels' head dims (attention.HEAD_DIMS). The first failed check is the reason.
+    the kernels' head dims (attention.HEAD_DIMS); extension_available: the CUDA extension
+    transformer_engine_exact_fp8 (the K/V quantization) imports; without it every call would
+    quantize through the CPU reference. The first failed check is the reason.
     """
     q_format, kv_format = qkv_formats(params.qkv_layout)
     window = params.window_size if params.window_size is not None else (-1, -1)
     checks = (
-        (not triton_available, "Triton is not installed"),
+        (not triton_available, status.TRITON_MISSING),
         (
             tuple(compute_capability) < MIN_COMPUTE_CAPABILITY,
             "compute capability sm%d%d (FP8 tensor cores need sm89 or newer)"
             % tuple(compute_capability),
         ),
         (onnx_export, "ONNX export"),
+        (not extension_available, status.EXTENSION_MISSING),
         (params.qkv_dtype not in _DTYPES, f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"),
         (
             params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims,
@@ -185,50 +201,84 @@ class Dispatch:
             cu_seqlens_kv_padded=cu_seqlens_kv_padded,
         )
         out = MaskExactFP8AttentionFunc.apply(q, k, v, call)
+        status.record_run(kernels.select_backend(), self.recipe, self.logger or _LOGGER)
         return out.view(*out.shape[:-2], -1)
 
 
-def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
-    """Decide how one DotProductAttention.forward call runs; see the module doc."""
-    recipe = mask_exact_recipe(dpa.fp8, dpa.fp8_meta)
+_LOGGER = logging.getLogger("DotProductAttention")  # TE's logger of DotProductAttention
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How the fork runs one configuration (its AttentionParams), before anything runs.
+
+    recipe: the QKV recipe when it asks for mask-exact FP8 attention, else None (then upstream's
+    selection runs unchanged). kernel_recipe: "current" or "mxfp8" when the mask-exact kernels
+    run it. reason: why not, when asked but BF16/FP16 attention runs instead."""
+
+    recipe: Any = None
+    kernel_recipe: Optional[str] = None
+    reason: Optional[str] = None
+
+    @property
+    def asked(self) -> bool:
+        return self.recipe is not None
+
+    @property
+    def runs(self) -> bool:
+        return self.kernel_recipe is not None
+
+
+def _decide(recipe: Any, params: Any, logger: Any, device_support: Optional[dict]) -> Decision:
     if recipe is None:
-        return Dispatch(attention_params)
-    check_request(recipe, attention_params, _is_quantized(attention_params.qkv_type))
-    reason = unsupported_reason(attention_params, **_device_support())
-    if reason is None and _captures_recompute_backward(attention_params, dpa.logger):
+        return Decision()
+    check_request(recipe, params, _is_quantized(params.qkv_type))
+    support = _device_support() if device_support is None else device_support
+    reason = unsupported_reason(params, **support)
+    if reason is None and _captures_recompute_backward(params, logger):
         reason = (
             "CUDA graph capture of a training step whose backward would recompute attention"
             " (TE's fused attention has no BF16/FP16 backward here; the recompute reads the masks"
             " on the host)"
         )
     if reason is not None:
-        dpa.logger.debug(_DISABLED, reason)
+        return Decision(recipe=recipe, reason=reason)
+    return Decision(recipe=recipe, kernel_recipe=kernel_recipe(recipe))
+
+
+def mask_exact_decision(
+    params: Any, *, device_support: Optional[dict] = None, logger: Any = None
+) -> Decision:
+    """Does the fork run this configuration mask-exact, and if not, why? Records nothing.
+
+    params: DotProductAttention's AttentionParams (its fp8 and fp8_meta say what is asked for);
+    device_support: unsupported_reason's keyword arguments (default: this machine's). Raises
+    ValueError, as DotProductAttention.forward would, for a request the fork refuses."""
+    recipe = mask_exact_recipe(params.fp8, params.fp8_meta)
+    return _decide(recipe, params, logger or _LOGGER, device_support)
+
+
+def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
+    """Decide how one DotProductAttention.forward call runs; see the module doc."""
+    recipe = mask_exact_recipe(dpa.fp8, dpa.fp8_meta)
+    decision = _decide(recipe, attention_params, dpa.logger, None)
+    if not decision.asked:
+        return Dispatch(attention_params)
+    if not decision.runs:
+        status.record_fallback(decision.reason, dpa.logger)
         return Dispatch(dataclasses.replace(attention_params, fp8=False))
-    selected = Dispatch(
+    return Dispatch(
         attention_params,
-        recipe=kernel_recipe(recipe),
+        recipe=decision.kernel_recipe,
         use_power_2_scales=bool(getattr(recipe, "use_power_2_scales", False)),
         logger=dpa.logger,
     )
-    _log_selection(dpa.logger, selected.recipe)
-    return selected
 
 
 def _captures_recompute_backward(params: Any, logger: Any) -> bool:
     """Is this a CUDA graph capture (TE's make_graphed_callables) of a training step whose
     backward would be autograd.recompute_backward, which cannot be captured?"""
     return params.cuda_graph and params.is_training and _backward_choice(params, logger) != "cudnn"
-
-
-_last_selection: List[str] = []
-
-
-def _log_selection(logger: Any, recipe: str) -> None:
-    """Log "Running with ..." when it changes, as upstream logs its backend selection."""
-    message = f"Running with mask-exact FP8 attention (recipe {recipe})"
-    if _last_selection != [message]:
-        _last_selection[:] = [message]
-        logger.info(message)
 
 
 _BACKWARD_CACHE_LIMIT = 64
@@ -291,6 +341,7 @@ def _device_support() -> dict:
         head_dims=kernels.head_dims(backend) if triton_available else (),
         triton_available=triton_available,
         onnx_export=_onnx_export(),
+        extension_available=quantize.extension_available(),
     )
 
 
