@@ -14,9 +14,11 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 #
 #   * Q and K get one scale per (batch, token, head), amax over the head dim d only. The scales
 #     factor out of Q.K^T exactly as a row and a column scale of the product.
-#   * V gets one scale per (batch, kv-head, chunk of C tokens, channel): C = V_CHUNK_CURRENT (128)
-#     for current scaling, C = MX_BLOCK (32) for MXFP8 (the format's own block). Chunks start at
-#     each sequence's first token, so they never cross a sequence (thd) or a sample (bshd/sbhd).
+#   * V (current scaling, rules v2) gets ONE scale per (batch, kv-head, chunk of C =
+#     V_CHUNK_CURRENT = 128 tokens): amax over the chunk's tokens and all d channels of the
+#     kv-head, a scalar per FP8 KV tile. MXFP8 V keeps the format's own block: one E8M0 code per
+#     (batch, kv-head, chunk of C = MX_BLOCK = 32 tokens, channel). Chunks start at each
+#     sequence's first token, so they never cross a sequence (thd) or a sample (bshd/sbhd).
 #   * A query tile (Q_TILE rows) uses the FP8 copy of a KV tile (KV_TILE tokens, a whole number of
 #     V chunks) only if every row of the tile may see every position of the KV tile. Otherwise that
 #     (query tile, KV tile) pair uses the unquantized V (the input dtype) under the ordinary mask.
@@ -29,6 +31,41 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 # representation a value gets. Q_TILE, KV_TILE and the chunk sizes are constants of the format,
 # not tuning knobs: a kernel may use other block sizes internally, but must make the same
 # FP8/unquantized decision per (Q_TILE, KV_TILE) pair.
+#
+# Why one V scale per (chunk, kv-head) rather than per (chunk, kv-head, channel) (rules v1, the
+# fork's first rule, kept in the reference as path "fork-current-v1" for the accuracy benchmark):
+# the scalar folds into the per-row rescale the online softmax already does (Note [V scale in
+# the rescale]), so it costs nothing per element and needs no second [rows, d] accumulator; the
+# per-channel scale was the most expensive part of the kernel's inner loop and kept 128-row
+# programs out of the registers. Its error is that of v1 within 2% (fp64 emulation, three input
+# families) and below upstream's one-amax rule; docs/mask_exact_fp8.md has the H200 table.
+#
+# Note [V scale in the rescale]
+#
+# A current-scaling FP8 KV tile j contributes P8_j . V8_j * s_j to a row's numerator, s_j the
+# scale_inv of its V chunk (a scalar: rules v2). The kernel keeps the accumulator in units of
+# the last tile's V scale u (u = 1 before any FP8 tile, and for tiles with unquantized V):
+#
+#     acc <- acc * (alpha * (u / s_j)) + P8_j . V8_j,   u <- s_j,   at the end O = (acc / l) * u
+#
+# with alpha the online softmax's per-row factor. u / s_j is one fp32 division per tile (within
+# 2 ulp, exactly 1 for equal units: a deterministic function of the two scales) and
+# alpha * (u / s_j) one multiply per row: the per-element work is the rescale that online softmax does anyway,
+# and the MMA accumulates straight into acc. Exactness: the sequence of u's is that of the
+# tiles a program visits, all of which every row of its query tile sees (or unquantized), so
+# it depends on nothing a row may not see; which representation (FP8 or unquantized) a value
+# gets is decided before, by the tile map, never by a scale.
+# Range: 1 / FP32_MAX <= s <= 2^128 / 448 (a finite amax; 2^120 with power-of-two scales), so
+# u / s_j overflows only for chunk amaxes 2^128 apart or more; the kernel clamps it to FP32_MAX,
+# so that a row whose alpha underflowed to 0 gets 0 * FP32_MAX = 0, not 0 * inf = NaN (the first
+# ratio, 1 / s_j, is the chunk's scale: finite). acc / l <= 448, so the final (acc / l) * u has
+# the output's own magnitude. acc is bounded by l * 448 in units of u (P8 <= P_SCALE,
+# |V8| <= 448): it overflows only if a row's true numerator exceeds FP32_MAX * s_j, i.e. when a
+# tile of tiny V (amax < ~2^-60) follows tiles whose weighted values are ~2^60 larger; such rows
+# give +-inf (or NaN) where BF16 attention stays finite. Contributions below 2^-149 * u
+# underflow to 0: values ~2^140 below the current tile's largest V, far below what the E4M3 cast
+# of that tile keeps. The roundings of u / s_j and of the products differ from the reference's
+# exact arithmetic by a few fp32 ulps per tile (tested within tolerance, not bitwise).
 """
 
 import torch
@@ -60,10 +97,10 @@ MX_BLOCK = 32
 """Elements per E8M0 scale in MXFP8 (fixed by the OCP MX format)."""
 
 V_CHUNK_CURRENT = 128
-"""Tokens per V scale (per channel) for current scaling. See Note [Mask-exact FP8 scaling].
+"""Tokens per V scale (one per kv-head) for current scaling. See Note [Mask-exact FP8 scaling].
 
-Equal to KV_TILE, so that an FP8 KV tile applies one per-channel scale vector to its P.V product
-(the per-tile accumulator work does not grow with the tile)."""
+Equal to KV_TILE, so that an FP8 KV tile has one scalar V scale, folded into the accumulator's
+rescale (Note [V scale in the rescale])."""
 
 Q_TILE = 128
 """Query rows that share one FP8/unquantized decision per KV tile."""

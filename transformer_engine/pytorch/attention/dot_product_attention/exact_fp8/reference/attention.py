@@ -6,8 +6,13 @@ the output in the input dtype, the log-sum-exp, and which (query tile, KV tile) 
   bf16              no quantization (the control)
   upstream-current  upstream 2.20.2: one current scale over concat(Q, K, V), FP8 V everywhere
   upstream-mxfp8    upstream 2.20.2: MXFP8 Q/K rowwise, V columnwise, FP8 V everywhere
-  fork-current      per-token Q/K, per-(chunk, channel) V, FP8 V only on fully visible tiles
+  fork-current      per-token Q/K, one V scale per (chunk, kv-head), FP8 V only on fully
+                    visible tiles (rules v2)
   fork-mxfp8        MXFP8 Q/K rowwise, V columnwise, FP8 V only on fully visible tiles
+
+and, for the accuracy benchmark only (BENCHMARK_PATHS, not an audit path, no kernel):
+
+  fork-current-v1   fork-current with the first rule's V scale per (chunk, kv-head, channel)
 
 The fork paths follow Note [Mask-exact FP8 scaling] (formats.py); on their FP8 tiles P is cast
 to E4M3 with the fixed scale P_SCALE. The attention math itself is exact-ish (fp64 by default);
@@ -42,16 +47,20 @@ from .quantize import (
     expand_chunk_scales,
     per_block_cast_to_mxfp8_rowwise,
     per_chunk_cast_to_mxfp8_columnwise,
+    per_chunk_cast_to_fp8,
     per_chunk_channel_cast_to_fp8,
     per_token_cast_to_fp8,
     upstream_current_cast_to_fp8,
 )
 
 __all__ = [
-    "PATHS", "QuantConfig", "ReferenceResult", "dequantized_operands", "reference_attention",
+    "PATHS", "BENCHMARK_PATHS", "QuantConfig", "ReferenceResult", "dequantized_operands",
+    "reference_attention",
 ]  # fmt: skip
 
 PATHS = ("bf16", "upstream-current", "upstream-mxfp8", "fork-current", "fork-mxfp8")
+BENCHMARK_PATHS = PATHS + ("fork-current-v1",)
+"""PATHS and the v1 current-scaling rule, which only the accuracy benchmark compares against."""
 
 
 @dataclass(frozen=True)
@@ -110,17 +119,22 @@ def dequantized_operands(
             dequantize_mxfp8_rowwise(kd, ks, dtype),
             dequantize(vd, v_scale, dtype),
         )
-    if path == "fork-current":
+    if path in ("fork-current", "fork-current-v1"):
         kw = dict(use_power_2_scales=cfg.use_power_2_scales, amax_epsilon=cfg.amax_epsilon)
         qd, qs = per_token_cast_to_fp8(q, **kw)
         kd, ks = per_token_cast_to_fp8(k, **kw)
-        vd, vs, _ = per_chunk_channel_cast_to_fp8(v, layout_kv, **kw)
+        if path == "fork-current":
+            vd, vs, _ = per_chunk_cast_to_fp8(v, layout_kv, **kw)  # vs [num_chunks, h_kv]
+            v_scale = expand_chunk_scales(vs, layout_kv, V_CHUNK_CURRENT).unsqueeze(-1)
+        else:
+            vd, vs, _ = per_chunk_channel_cast_to_fp8(v, layout_kv, **kw)  # [num_chunks, h_kv, d]
+            v_scale = expand_chunk_scales(vs, layout_kv, V_CHUNK_CURRENT)
         return (
             dequantize(qd, qs.unsqueeze(-1), dtype),
             dequantize(kd, ks.unsqueeze(-1), dtype),
-            dequantize(vd, expand_chunk_scales(vs, layout_kv, V_CHUNK_CURRENT), dtype),
+            dequantize(vd, v_scale, dtype),
         )
-    raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    raise ValueError(f"path must be one of {BENCHMARK_PATHS}, got {path!r}")
 
 
 def _attend_sequence(q, k, v_fp8, v_hi, allowed, tiles, softmax_scale, quantize_p):
@@ -180,8 +194,8 @@ def reference_attention(
     seqlens_* give the real lengths of bshd/sbhd samples under padding masks. Output rows past a
     sequence's real length are zero."""
     check_mask_type(attn_mask_type, window_size)
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path not in BENCHMARK_PATHS:
+        raise ValueError(f"path must be one of {BENCHMARK_PATHS}, got {path!r}")
     layout_q, layout_kv = _layouts(
         q, k, qkv_format, seqlens_q, seqlens_kv, cu_seqlens_q, cu_seqlens_kv
     )

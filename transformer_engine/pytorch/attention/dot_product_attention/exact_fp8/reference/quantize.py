@@ -28,6 +28,7 @@ from ..masks import SeqLayout
 __all__ = [
     "abs_ignoring_nan",
     "per_token_cast_to_fp8",
+    "per_chunk_cast_to_fp8",
     "per_chunk_channel_cast_to_fp8",
     "per_block_cast_to_mxfp8_rowwise",
     "per_chunk_cast_to_mxfp8_columnwise",
@@ -81,6 +82,32 @@ def _chunk_amax(v: torch.Tensor, chunk_ids: torch.Tensor, num_chunks: int) -> to
     return out.scatter_reduce(0, index, abs_ignoring_nan(v)[keep], reduce="amax")
 
 
+def per_chunk_cast_to_fp8(
+    v: torch.Tensor,
+    layout: SeqLayout,
+    *,
+    chunk: int = V_CHUNK_CURRENT,
+    use_power_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+    """E4M3 with ONE scale per (kv-head, chunk of `chunk` tokens of one sequence): the fork's
+    current-scaling V rule (rules v2).
+
+    v: [t, h_kv, d] -> data [t, h_kv, d] float8_e4m3fn,
+    scale_inv [num_chunks, h_kv] fp32 (amax over the chunk's tokens and all d channels of the
+    kv-head), cu_chunks [num_seqs + 1]. See Note [Mask-exact FP8 scaling].
+    """
+    _check_float_input(v, "v")
+    ids, cu_chunks = layout.chunk_ids(chunk)
+    amax = _chunk_amax(v, ids, cu_chunks[-1]).amax(dim=-1)  # [num_chunks, h_kv]
+    scale = compute_scale_from_amax(
+        amax, use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon
+    )
+    per_token = expand_chunk_scales(scale, layout, chunk).unsqueeze(-1)  # [t, h_kv, 1]
+    data = cast_to_e4m3(v.float() * per_token)
+    return data, 1.0 / scale, cu_chunks
+
+
 def per_chunk_channel_cast_to_fp8(
     v: torch.Tensor,
     layout: SeqLayout,
@@ -91,9 +118,11 @@ def per_chunk_channel_cast_to_fp8(
 ) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
     """E4M3 with one scale per (kv-head, chunk of `chunk` tokens of one sequence, channel).
 
+    The fork's first current-scaling V rule (rules v1), kept for the accuracy benchmark only
+    (reference_attention's path "fork-current-v1"); no kernel implements it.
     v: [t, h_kv, d] -> data [t, h_kv, d] float8_e4m3fn,
     scale_inv [num_chunks, h_kv, d] fp32 (amax over the chunk's tokens), cu_chunks [num_seqs + 1].
-    See Note [Mask-exact FP8 scaling].
+    Mask-exact like the v2 rule (the same chunks): see Note [Mask-exact FP8 scaling].
     """
     _check_float_input(v, "v")
     ids, cu_chunks = layout.chunk_ids(chunk)
@@ -132,7 +161,7 @@ def per_chunk_cast_to_mxfp8_columnwise(
 
 
 def expand_chunk_scales(scales: torch.Tensor, layout: SeqLayout, chunk: int) -> torch.Tensor:
-    """Per-chunk scales [num_chunks, h, d] -> per-token [t, h, d] (tokens outside spans: chunk 0)."""
+    """Per-chunk scales [num_chunks, ...] -> per-token [t, ...] (tokens outside spans: chunk 0)."""
     ids, _ = layout.chunk_ids(chunk)
     return scales[ids.clamp(min=0)]
 
