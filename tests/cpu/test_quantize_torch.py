@@ -69,31 +69,29 @@ def test_per_token_and_mx_rowwise_match_reference_transposed(qkv_format):
 
 def test_per_chunk_bshd_chunks_restart_at_each_sample():
     v = _x(2, 70, 2, 64)  # 70 = 64 + 6: each sample has a full and a short chunk of 64
-    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(
+    data_t, scale_inv, cu_chunks = Q.per_chunk_cast_to_fp8_transposed(
         v, qkv_format="bshd", chunk=64
     )
     assert data_t.shape == (2, 64, 144)  # t = 140 padded to a multiple of 16
-    assert scale_inv.shape == (2, 4, 64) and cu_chunks.tolist() == [0, 2, 4]
+    assert scale_inv.shape == (2, 4) and cu_chunks.tolist() == [0, 2, 4]  # [h_kv, num_chunks]
     assert not _bits(data_t[:, :, 140:]).any()
-    # chunk 3 = tokens 64..69 of sample 1 = columns 134..139
-    amax = v[1, 64:70].float().abs().amax(dim=0)  # [h, d]
+    # chunk 3 = tokens 64..69 of sample 1 = columns 134..139; one scale per kv-head
+    amax = v[1, 64:70].float().abs().amax(dim=(0, 2))  # [h]: over the chunk's tokens and d
     scale = compute_scale_from_amax(amax)
     assert torch.equal(scale_inv[:, 3], 1.0 / scale)
-    expected = cast_to_e4m3(v[1, 64:70].float() * scale)  # [6, h, d]
+    expected = cast_to_e4m3(v[1, 64:70].float() * scale[:, None])  # [6, h, d]
     assert torch.equal(_bits(data_t[:, :, 134:140]), _bits(expected.permute(1, 2, 0)))
 
 
 def test_per_chunk_thd_sequences_and_unowned_tail():
     v = _x(50, 2, 64, dtype=torch.float16)
     cu = torch.tensor([0, 10, 10, 45], dtype=torch.int32)  # an empty sequence; 45..49 unowned
-    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(
+    data_t, scale_inv, cu_chunks = Q.per_chunk_cast_to_fp8_transposed(
         v, qkv_format="thd", cu_seqlens=cu, chunk=16
     )
     assert data_t.shape == (2, 64, 64) and cu_chunks.tolist() == [0, 1, 1, 4]
-    assert scale_inv.shape == (2, 4, 64)
-    ref_data, ref_scale_inv, _ = ref.per_chunk_channel_cast_to_fp8(
-        v[:45], SeqLayout.varlen(cu), chunk=16
-    )
+    assert scale_inv.shape == (2, 4)
+    ref_data, ref_scale_inv, _ = ref.per_chunk_cast_to_fp8(v[:45], SeqLayout.varlen(cu), chunk=16)
     assert torch.equal(_bits(data_t[:, :, :45]), _bits(ref_data.permute(1, 2, 0)))
     assert not _bits(data_t[:, :, 45:]).any()
     assert torch.equal(scale_inv, ref_scale_inv.transpose(0, 1))
@@ -113,7 +111,7 @@ def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
     cast = (
         Q.per_chunk_cast_to_mxfp8_columnwise_transposed
         if mx
-        else Q.per_chunk_channel_cast_to_fp8_transposed
+        else Q.per_chunk_cast_to_fp8_transposed
     )
     plain = cast(v, **kw)
     aligned = cast(v, aligned_columns=True, **kw)
@@ -142,7 +140,7 @@ def _quantized_v(v, qkv_format, seqs, recipe):
             v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
         )
     else:
-        own = Q.per_chunk_channel_cast_to_fp8_transposed(
+        own = Q.per_chunk_cast_to_fp8_transposed(
             v, qkv_format=qkv_format, cu_seqlens=cu_seqlens, backend="torch"
         )
     return laid_out, own
@@ -208,7 +206,7 @@ def test_mx_columnwise_sbhd_matches_reference():
 def test_strided_views_equal_contiguous_copies():
     qkv = _x(2, 20, 3, 2, 64)  # bs3hd
     q = qkv[:, :, 0]
-    for fn in (Q.per_token_cast_to_fp8, Q.per_chunk_channel_cast_to_fp8_transposed):
+    for fn in (Q.per_token_cast_to_fp8, Q.per_chunk_cast_to_fp8_transposed):
         for got, expected in zip(fn(q, qkv_format="bshd"), fn(q.contiguous(), qkv_format="bshd")):
             assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
 
@@ -225,8 +223,8 @@ def test_empty_input():
     x = torch.zeros(2, 0, 2, 64, dtype=torch.bfloat16)
     data, scale_inv = Q.per_token_cast_to_fp8(x, qkv_format="bshd")
     assert data.shape == (2, 0, 64) and scale_inv.shape == (2, 0)
-    data_t, scale_inv, cu = Q.per_chunk_channel_cast_to_fp8_transposed(x, qkv_format="bshd")
-    assert data_t.shape == (2, 64, 0) and scale_inv.shape == (2, 0, 64) and cu.tolist() == [0, 0, 0]
+    data_t, scale_inv, cu = Q.per_chunk_cast_to_fp8_transposed(x, qkv_format="bshd")
+    assert data_t.shape == (2, 64, 0) and scale_inv.shape == (2, 0) and cu.tolist() == [0, 0, 0]
 
 
 BAD_INPUTS = [
@@ -301,7 +299,7 @@ def test_per_chunk_errors(case):
     if kw["qkv_format"] == "bshd":
         v = v.unsqueeze(0)
     with pytest.raises(error, match=message):
-        Q.per_chunk_channel_cast_to_fp8_transposed(v, **kw)
+        Q.per_chunk_cast_to_fp8_transposed(v, **kw)
 
 
 # sync_free: the thd V casts without reading cu_seqlens back (the attention launcher's thd path)
@@ -315,7 +313,7 @@ def _random_starts(gen, num_seqs, t):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_sync_free_sizes_are_bounds_and_the_bytes_are_the_same(seed):
-    """sync_free=True (thd): scales [h, chunk_bound, d] and, aligned, data_t of width
+    """sync_free=True (thd): scales [h, chunk_bound] ([h, chunk_bound, d] for MXFP8) and, aligned, data_t of width
     aligned_width_bound; the host-offset outputs inside them, zeros in the added columns; the
     device-side cu_chunks equals the host one."""
     gen = torch.Generator().manual_seed(seed)
@@ -328,13 +326,14 @@ def test_sync_free_sizes_are_bounds_and_the_bytes_are_the_same(seed):
     if mx:
         cast = Q.per_chunk_cast_to_mxfp8_columnwise_transposed
     else:
-        cast = functools.partial(Q.per_chunk_channel_cast_to_fp8_transposed, chunk=chunk)
+        cast = functools.partial(Q.per_chunk_cast_to_fp8_transposed, chunk=chunk)
     for aligned in (False, True):
         kw = dict(qkv_format="thd", cu_seqlens=cu, aligned_columns=aligned)
         exact = cast(v, **kw)
         bound = cast(v, sync_free=True, **kw)
         num_seqs, num_chunks = len(starts) - 1, exact[1].shape[1]
-        assert bound[1].shape == (2, Q.chunk_bound(t, num_seqs, chunk), 64)
+        assert bound[1].shape[:2] == (2, Q.chunk_bound(t, num_seqs, chunk))
+        assert bound[1].shape[2:] == ((64,) if mx else ())
         assert num_chunks <= bound[1].shape[1]
         assert torch.equal(bound[1][:, :num_chunks], exact[1]) and torch.equal(bound[2], exact[2])
         width = exact[0].shape[-1]
@@ -365,3 +364,20 @@ def test_sequence_offsets_rejects_other_offsets():
         Q.sequence_offsets(torch.zeros(1, dtype=torch.int32), 128)
     with pytest.raises(ValueError, match="chunk must be"):
         Q.sequence_offsets(torch.tensor([0, 5], dtype=torch.int32), 48)
+
+
+def test_current_v_scale_is_one_per_chunk_and_kv_head():
+    """Rules v2: an outlier in one channel re-scales every channel of its (chunk, kv-head), and
+    nothing in the other chunks or kv-heads (Note [Mask-exact FP8 scaling])."""
+    v = _x(1, 256, 2, 64)
+    v2 = v.clone()
+    v2[0, 130, 1, 7] = 1e4  # chunk 1 of 128 tokens, kv-head 1, channel 7
+    base_t, base_s, _ = Q.per_chunk_cast_to_fp8_transposed(v, qkv_format="bshd")
+    pert_t, pert_s, _ = Q.per_chunk_cast_to_fp8_transposed(v2, qkv_format="bshd")
+    assert base_s.shape == (2, 2)  # [h_kv, num_chunks]
+    changed = base_s != pert_s
+    assert changed.tolist() == [[False, False], [False, True]]
+    assert pert_s[1, 1] == 1.0 / compute_scale_from_amax(torch.tensor(1e4).bfloat16())
+    same = _bits(base_t) == _bits(pert_t)  # [h, d, t]
+    assert same[0].all() and same[1, :, :128].all()
+    assert not same[1, 0, 128:].all()  # channel 0 of chunk 1 re-rounded by the new scale

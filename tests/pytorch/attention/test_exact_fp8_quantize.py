@@ -133,7 +133,7 @@ def test_rowwise_layout_matches_reference_functions(qkv_format):
 
 
 # ---------------------------------------------------------------------------------------------
-# V: per (chunk, channel), transposed
+# V: current scaling one scale per (chunk, kv-head), MXFP8 per (32-token chunk, channel); transposed
 
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
@@ -141,19 +141,19 @@ def test_rowwise_layout_matches_reference_functions(qkv_format):
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("chunk", Q.CHUNK_SIZES)
 @pytest.mark.parametrize("aligned", [False, True])
-def test_per_chunk_channel_matches_reference(qkv_format, dtype, d, chunk, aligned):
+def test_per_chunk_matches_reference(qkv_format, dtype, d, chunk, aligned):
     """aligned: vt_layout's aligned layout (CU_SEQLENS and seqlen 150 start off the 16-grid)."""
     v, cu = _make(qkv_format, dtype, d, torch.Generator().manual_seed(chunk + d))
     kw = dict(qkv_format=qkv_format, cu_seqlens=cu, chunk=chunk, aligned_columns=aligned)
-    assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
+    assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, v, **kw))
 
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
 @pytest.mark.parametrize("pow2,eps", [(True, 0.0), (False, 1.0), (True, 1e-3)])
-def test_per_chunk_channel_scale_options(qkv_format, pow2, eps):
+def test_per_chunk_scale_options(qkv_format, pow2, eps):
     v, cu = _make(qkv_format, torch.bfloat16, 128, torch.Generator().manual_seed(5))
     kw = dict(qkv_format=qkv_format, cu_seqlens=cu, use_power_2_scales=pow2, amax_epsilon=eps)
-    assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
+    assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, v, **kw))
 
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
@@ -176,12 +176,13 @@ def test_transposed_layout_matches_reference_functions(qkv_format):
         b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
         layout = SeqLayout.dense(v.shape[b_dim], v.shape[s_dim])
     real = tokens[: layout.total]
-    data_t, scale_inv, cu_chunks = Q.per_chunk_channel_cast_to_fp8_transposed(
+    data_t, scale_inv, cu_chunks = Q.per_chunk_cast_to_fp8_transposed(
         v, qkv_format=qkv_format, cu_seqlens=cu, backend="cuda"
     )
-    ref_data, ref_scale_inv, ref_cu_chunks = ref.per_chunk_channel_cast_to_fp8(real, layout)
+    ref_data, ref_scale_inv, ref_cu_chunks = ref.per_chunk_cast_to_fp8(real, layout)
     assert_bitwise(data_t.cpu()[:, :, : layout.total], ref_data.permute(1, 2, 0).contiguous())
     assert not data_t.cpu()[:, :, layout.total :].view(torch.uint8).any()  # padding is zero
+    assert scale_inv.shape == (tokens.shape[1], len(ref_scale_inv))  # [h_kv, num_chunks]
     assert_bitwise(scale_inv.cpu(), ref_scale_inv.transpose(0, 1).contiguous())
     assert cu_chunks.tolist() == ref_cu_chunks
 
@@ -206,7 +207,7 @@ def test_large_inputs_match_reference(case):
     v, qkv_format, cu = _large(case)
     for aligned in (False, True):
         kw = dict(qkv_format=qkv_format, cu_seqlens=cu, aligned_columns=aligned)
-        assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, v, **kw))
+        assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, v, **kw))
         assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, v, **kw))
     assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
@@ -232,7 +233,7 @@ def test_sequence_offsets_kernel_matches_torch(num_seqs, chunk):
 def _v_cast(mx):
     if mx:
         return Q.per_chunk_cast_to_mxfp8_columnwise_transposed
-    return Q.per_chunk_channel_cast_to_fp8_transposed
+    return Q.per_chunk_cast_to_fp8_transposed
 
 
 def _assert_same_inside_bounds(got, want):
@@ -330,7 +331,7 @@ def test_strided_views(name, dtype):
     assert_same_results(*_both(Q.per_token_cast_to_fp8, x, qkv_format=qkv_format))
     assert_same_results(*_both(Q.per_block_cast_to_mxfp8_rowwise, x, qkv_format=qkv_format))
     kw = dict(qkv_format=qkv_format, cu_seqlens=cu)
-    assert_same_results(*_both(Q.per_chunk_channel_cast_to_fp8_transposed, x, **kw))
+    assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, x, **kw))
     assert_same_results(*_both(Q.per_chunk_cast_to_mxfp8_columnwise_transposed, x, **kw))
     # the view gives the same bits as a contiguous copy
     contiguous = Q.per_token_cast_to_fp8(x.contiguous(), qkv_format=qkv_format, backend="cuda")
@@ -345,10 +346,10 @@ def test_gqa_heads_are_independent():
     k, v = kv[:, :, 0], kv[:, :, 1]
     q_data, q_scale = Q.per_token_cast_to_fp8(q, qkv_format="bshd")
     k_data, k_scale = Q.per_token_cast_to_fp8(k, qkv_format="bshd")
-    v_data, v_scale, _ = Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd", chunk=64)
+    v_data, v_scale, _ = Q.per_chunk_cast_to_fp8_transposed(v, qkv_format="bshd", chunk=64)
     assert q_data.shape == (8, 192, 128) and q_scale.shape == (8, 192)
     assert k_data.shape == (2, 192, 128) and k_scale.shape == (2, 192)
-    assert v_data.shape == (2, 128, 192) and v_scale.shape == (2, 4, 128)  # 2 chunks per sample
+    assert v_data.shape == (2, 128, 192) and v_scale.shape == (2, 4)  # 2 chunks per sample
     single = Q.per_token_cast_to_fp8(k[:, :, 1:].contiguous(), qkv_format="bshd")
     assert_same_results((k_data[1:], k_scale[1:]), single)
 
@@ -392,7 +393,7 @@ def test_nan_is_kept_and_decides_no_scale(dtype):
     _, clean_scale_inv = Q.per_token_cast_to_fp8(without_nan, qkv_format="bshd")
     assert torch.equal(scale_inv[0, 3], clean_scale_inv[0, 3])  # NaN ignored by the amax
     for fn in (
-        Q.per_chunk_channel_cast_to_fp8_transposed,
+        Q.per_chunk_cast_to_fp8_transposed,
         Q.per_chunk_cast_to_mxfp8_columnwise_transposed,
     ):
         (data_t, scales, _), (ref_data_t, ref_scales, _) = _both(fn, v, qkv_format="bshd")
@@ -413,7 +414,7 @@ def test_inf_saturates_and_makes_scale_one(dtype):
     for fn in (
         Q.per_token_cast_to_fp8,
         Q.per_block_cast_to_mxfp8_rowwise,
-        Q.per_chunk_channel_cast_to_fp8_transposed,
+        Q.per_chunk_cast_to_fp8_transposed,
         Q.per_chunk_cast_to_mxfp8_columnwise_transposed,
     ):
         assert_same_results(*_both(fn, v, qkv_format="bshd"))
@@ -430,12 +431,12 @@ def test_future_chunk_changes_no_earlier_bits(mx):
     fn = (
         Q.per_chunk_cast_to_mxfp8_columnwise_transposed
         if mx
-        else Q.per_chunk_channel_cast_to_fp8_transposed
+        else Q.per_chunk_cast_to_fp8_transposed
     )
     chunk = MX_BLOCK if mx else V_CHUNK_CURRENT
     v, _ = _make("bshd", torch.bfloat16, 128, torch.Generator().manual_seed(19), seqlen=300)
     perturbed = v.clone()
-    perturbed[0, 100] = 1e30
+    perturbed[0, 100] = torch.finfo(torch.bfloat16).max  # above every value _random draws
     base_data, base_scales, _ = fn(v, qkv_format="bshd")
     new_data, new_scales, _ = fn(perturbed, qkv_format="bshd")
     start, end = 100 // chunk * chunk, (100 // chunk + 1) * chunk
@@ -471,9 +472,7 @@ def test_empty_and_single_token_inputs():
     for seqlen in (0, 1):
         x = torch.randn(2, seqlen, 2, 64, device="cuda", dtype=torch.bfloat16)
         assert_same_results(*_both(Q.per_token_cast_to_fp8, x, qkv_format="bshd"))
-        assert_same_results(
-            *_both(Q.per_chunk_channel_cast_to_fp8_transposed, x, qkv_format="bshd")
-        )
+        assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, x, qkv_format="bshd"))
 
 
 def test_runs_on_the_current_stream():
@@ -509,11 +508,9 @@ def test_bad_inputs_raise_clear_errors():
     v = x[0]
     cu_cpu = torch.tensor([0, 16], dtype=torch.int32)
     with pytest.raises(ValueError, match="one device"):
-        Q.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="thd", cu_seqlens=cu_cpu)
+        Q.per_chunk_cast_to_fp8_transposed(v, qkv_format="thd", cu_seqlens=cu_cpu)
     with pytest.raises(TypeError, match="int32"):
-        Q.per_chunk_channel_cast_to_fp8_transposed(
-            v, qkv_format="thd", cu_seqlens=cu_cpu.long().cuda()
-        )
+        Q.per_chunk_cast_to_fp8_transposed(v, qkv_format="thd", cu_seqlens=cu_cpu.long().cuda())
     with pytest.raises(ValueError, match="backend='cuda' needs CUDA"):
         Q.per_token_cast_to_fp8(x.cpu(), qkv_format="bshd", backend="cuda")
 
@@ -541,7 +538,7 @@ def test_c_api_errors_become_python_exceptions():
         ext.per_token_cast(view, False, 0.0, out.data_ptr() + 1, scale.data_ptr(), 0)
     chunks = ext.Chunks(cu_seqlens=0, cu_chunks=0, num_seqs=1, num_chunks=3, chunk=64)
     with pytest.raises(ValueError, match="num_chunks 1"):
-        ext.per_chunk_channel_cast_transposed(
+        ext.per_chunk_cast_transposed(
             view, chunks, False, 0.0, out.data_ptr(), 16, scale.data_ptr(), 0
         )
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")

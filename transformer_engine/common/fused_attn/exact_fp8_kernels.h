@@ -21,7 +21,7 @@ enum class RowRule {
 
 /* Which scale each chunk kernel computes. See Note [Mask-exact FP8 scaling]. */
 enum class ChunkRule {
-  kCurrent,  // one current scale per (head, chunk, channel)
+  kCurrent,  // one current scale per (head, chunk): amax over its tokens and channels
   kMxfp8,    // one E8M0 code per (head, chunk of 32 tokens, channel)
 };
 
@@ -45,8 +45,8 @@ inline bool is_vectorizable(const NVTEExactFP8TokenView &x) {
 cudaError_t launch_rowwise_cast(RowRule rule, const NVTEExactFP8TokenView &x, ScaleOptions opts,
                                 uint8_t *data, void *scales, cudaStream_t stream);
 
-/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scales [heads, num_chunks,
- * head_dim]: fp32 scale_inv for the current rule, E8M0 codes for MXFP8. */
+/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scales: fp32 scale_inv
+ * [heads, num_chunks] for the current rule, E8M0 codes [heads, num_chunks, head_dim] for MXFP8. */
 cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8TokenView &v,
                                          const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
                                          uint8_t *data_t, int64_t data_t_stride, void *scales,

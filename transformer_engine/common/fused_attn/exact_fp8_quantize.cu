@@ -175,11 +175,11 @@ NVTEExactFP8Status nvte_exact_fp8_per_block_cast_mxfp8_rowwise(const NVTEExactFP
   });
 }
 
-NVTEExactFP8Status nvte_exact_fp8_per_chunk_channel_cast_transposed(
+NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_transposed(
     const NVTEExactFP8TokenView *v, const NVTEExactFP8Chunks *chunks, int use_power_2_scales,
     float amax_epsilon, void *data_t, int64_t data_t_stride, float *scale_inv,
     cudaStream_t stream) {
-  constexpr const char *kName = "nvte_exact_fp8_per_chunk_channel_cast_transposed";
+  constexpr const char *kName = "nvte_exact_fp8_per_chunk_cast_transposed";
   return ef::guarded(kName, [&]() {
     std::string err = ef::check_view(v);
     if (err.empty()) err = ef::check_current_head_dim(v->head_dim);

@@ -1,6 +1,7 @@
 /*
- * Chunk kernels of the mask-exact FP8 quantizers: V, one scale per (head, chunk of tokens of one
- * sequence, channel), written transposed (token axis last) for the attention kernel's P.V.
+ * Chunk kernels of the mask-exact FP8 quantizers, written transposed (token axis last) for the
+ * attention kernel's P.V: V with one current scale per (head, chunk of tokens of one sequence),
+ * and MXFP8 V with one E8M0 code per (head, chunk of 32 tokens, channel).
  *
  * One pass, registers only. A warp quantizes a tile of 32 channels of one head by a span of 128
  * tokens (128 / chunk consecutive chunks). Lane (channel group, token group) holds 16 tokens x 8
@@ -8,8 +9,11 @@
  * channel's amax over its tokens and then, by shuffles, over the lanes that hold the chunk's
  * other tokens, and writes each channel's 16 E4M3 bytes with one 16-byte store. The 8 token groups
  * of a channel group are adjacent lanes, so one store instruction of the warp writes 128
- * contiguous bytes into each of 4 data_t rows. See Note [Mask-exact FP8 scaling]
- * (exact_fp8/formats.py): chunks start at each sequence's first token and never cross a sequence.
+ * contiguous bytes into each of 4 data_t rows. The current rule's amax runs on over the chunk's
+ * channels: over the lane's 8, over the warp's 4 channel groups (shuffles), and over the warps of
+ * the block that hold the span's other 32-channel slices (shared memory; a block holds whole
+ * spans). See Note [Mask-exact FP8 scaling] (exact_fp8/formats.py): chunks start at each
+ * sequence's first token and never cross a sequence.
  */
 #include "exact_fp8_kernels.h"
 #include "exact_fp8_numerics.cuh"
@@ -27,10 +31,19 @@ constexpr int kTokenGroups = 8;                     // lanes along the token axi
 constexpr int kSpanTokens = kTokenGroups * kTokensPerLane;  // 128 tokens per warp tile
 constexpr int kChannelGroups = kWarpSize / kTokenGroups;
 constexpr int kChannelsPerWarp = kChannelGroups * kChannelsPerLane;  // 32: divides every head dim
-constexpr int kWarpsPerBlock = 4;
-constexpr int kThreads = kWarpsPerBlock * kWarpSize;
-constexpr int kMinBlocksPerSm = 5;  // 96 registers per thread (no spills): 20 warps per SM
-constexpr int64_t kMaxTilesPerHead = 2147483647 - kWarpsPerBlock;  // blocks and tiles fit int
+constexpr int kMaxHeadDim = 256;                                      // of the current rule
+
+/* Warps per block and the occupancy they are compiled for: 4 warps (96 registers per thread, no
+ * spills: 20 warps per SM), or 8 for the current rule at head dim 256, whose block must hold a
+ * whole span (a multiple of head_dim / 32 warps) so that the chunk's amax over all channels stays
+ * in the block. */
+template <int kWarps>
+struct BlockShape {
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kMinBlocksPerSm = kWarps == 4 ? 5 : 2;
+};
+constexpr int kWarpsWide = kMaxHeadDim / kChannelsPerWarp;  // 8: the current rule at d = 256
+constexpr int64_t kMaxTilesPerHead = 2147483647 - kWarpsWide;  // blocks and tiles fit int
 
 struct ChunkParams {
   const void *v;  // [batch, seqlen, heads, head_dim] view, element strides below
@@ -165,31 +178,23 @@ __device__ __forceinline__ float pick(const float (&x)[kChannelsPerLane], int i)
   return value;
 }
 
-/* One channel's multiplier from its chunk amax; `writer` stores its scale (fp32 scale_inv or
- * the E8M0 code) at scales[scale_index]. */
-template <ChunkRule kRule>
-__device__ float channel_multiplier(const ChunkParams &p, float amax, int64_t scale_index,
-                                    bool writer) {
-  if constexpr (kRule == ChunkRule::kCurrent) {
-    const float scale =
-        compute_scale_from_amax(amax, p.opts.use_power_2_scales, p.opts.amax_epsilon);
-    if (writer) static_cast<float *>(p.scales)[scale_index] = scale_inverse(scale);
-    return scale;
-  } else {
-    const uint8_t code = float_to_e8m0(amax);
-    if (writer) static_cast<uint8_t *>(p.scales)[scale_index] = code;
-    return e8m0_reciprocal(code);
-  }
+/* One MXFP8 channel's multiplier from its chunk amax; `writer` stores its E8M0 code at
+ * scales[scale_index]. */
+__device__ float channel_multiplier_mxfp8(const ChunkParams &p, float amax, int64_t scale_index,
+                                          bool writer) {
+  const uint8_t code = float_to_e8m0(amax);
+  if (writer) static_cast<uint8_t *>(p.scales)[scale_index] = code;
+  return e8m0_reciprocal(code);
 }
 
-/* Multipliers of the lane's 8 channels from their chunk amaxes (equal on the chunk's lanes). The
- * chunk's G lanes share the work: lane g computes (and, for a chunk that holds tokens, `writer`,
- * writes the scales of) channels g * 8 / G .. (g + 1) * 8 / G - 1, then each lane gathers all 8
- * by shuffles. */
-template <int kChunk, ChunkRule kRule>
-__device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane, bool writer,
-                                  const float (&amax)[kChannelsPerLane],
-                                  float (&multiplier)[kChannelsPerLane]) {
+/* MXFP8: multipliers of the lane's 8 channels from their chunk amaxes (equal on the chunk's
+ * lanes). The chunk's G lanes share the work: lane g computes (and, for a chunk that holds
+ * tokens, `writer`, writes the codes of) channels g * 8 / G .. (g + 1) * 8 / G - 1, then each
+ * lane gathers all 8 by shuffles. */
+template <int kChunk>
+__device__ void channel_multipliers(const ChunkParams &p, const LaneTile &lane, bool writer,
+                                    const float (&amax)[kChannelsPerLane],
+                                    float (&multiplier)[kChannelsPerLane]) {
   constexpr int kGroups = kChunk / kTokensPerLane;
   constexpr int kOwned = kChannelsPerLane / kGroups;  // channels whose scale this lane computes
   const int64_t scale_row =  // [heads, num_chunks, head_dim] index of the lane's first channel
@@ -198,7 +203,7 @@ __device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane, bo
 #pragma unroll
   for (int k = 0; k < kOwned; ++k) {
     const int c = lane.group * kOwned + k;
-    owned[k] = channel_multiplier<kRule>(p, pick(amax, c), scale_row + c, writer);
+    owned[k] = channel_multiplier_mxfp8(p, pick(amax, c), scale_row + c, writer);
   }
 #pragma unroll
   for (int c = 0; c < kChannelsPerLane; ++c) {
@@ -209,6 +214,50 @@ __device__ void chunk_multipliers(const ChunkParams &p, const LaneTile &lane, bo
           __shfl_sync(kFullWarp, owned[c % kOwned], lane.first_lane_of_chunk + c / kOwned);
     }
   }
+}
+
+/* Current rule: the amax of the lane's chunk over its tokens and ALL head_dim channels, equal
+ * on every lane of the block that holds the chunk. channel_amax: the lane's 8 channels, already
+ * reduced over the chunk's token groups. Every warp of the block calls this (a barrier). */
+template <int kChunk, int kWarps>
+__device__ float chunk_amax_all_channels(const ChunkParams &p,
+                                         const float (&channel_amax)[kChannelsPerLane]) {
+  constexpr int kGroups = kChunk / kTokensPerLane;
+  constexpr int kChunksPerSpan = kSpanTokens / kChunk;
+  __shared__ float warp_amax[kWarps][kChunksPerSpan];
+  float amax = channel_amax[0];
+#pragma unroll
+  for (int c = 1; c < kChannelsPerLane; ++c) amax = fmaxf(amax, channel_amax[c]);
+  // over the warp's channel groups (lanes 8 and 16 apart hold the same tokens)
+  for (int offset = kTokenGroups; offset < kWarpSize; offset <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, offset));
+  }
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  if (lane < kTokenGroups && lane % kGroups == 0) warp_amax[warp][lane / kGroups] = amax;
+  __syncthreads();
+  // over the warps that hold the span's other 32-channel slices (a block holds whole spans)
+  const int slices = p.head_dim / kChannelsPerWarp;
+  const int first_warp = warp - warp % slices;
+  const int chunk_in_span = lane % kTokenGroups / kGroups;
+  amax = warp_amax[first_warp][chunk_in_span];
+  for (int w = 1; w < slices; ++w) amax = fmaxf(amax, warp_amax[first_warp + w][chunk_in_span]);
+  return amax;
+}
+
+/* Current rule: the one multiplier of the lane's chunk; the chunk's first lane of the span's first
+ * slice writes its scale_inv at scales[head, chunk] when the chunk holds tokens (`writer`). */
+template <int kChunk>
+__device__ float chunk_multiplier_current(const ChunkParams &p, const LaneTile &lane, bool writer,
+                                          float amax) {
+  const float scale =
+      compute_scale_from_amax(amax, p.opts.use_power_2_scales, p.opts.amax_epsilon);
+  const bool first_lane = threadIdx.x % kWarpSize < kTokenGroups && lane.group == 0;
+  if (writer && first_lane && lane.channel == 0) {
+    static_cast<float *>(p.scales)[static_cast<int64_t>(lane.head) * p.num_chunks + lane.chunk] =
+        scale_inverse(scale);
+  }
+  return scale;
 }
 
 /* The lane's 16 tokens of channel c times `multiplier` -> 16 E4M3 bytes in token order. */
@@ -258,18 +307,20 @@ __device__ void zero_unowned_columns(const ChunkParams &p, int head) {
 }
 
 /* Grid (1 + blocks per head, heads): block (0, head) zeroes the head's unowned columns; block
- * (b > 0, head) holds the head's warp tiles 4 (b - 1) .. 4 b - 1. Whole warps leave together, so
- * every lane of a working warp takes part in the shuffles. */
-template <typename T, int kChunk, ChunkRule kRule, bool kVectorized>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+ * (b > 0, head) holds the head's warp tiles W (b - 1) .. W b - 1 (W warps per block). Whole
+ * warps leave together, so every lane of a working warp takes part in the shuffles; under the
+ * current rule a warp past the head's last tile stays (its chunk has no tokens: it loads and
+ * stores nothing) to take part in the barrier. */
+template <typename T, int kChunk, ChunkRule kRule, bool kVectorized, int kWarps>
+__global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, BlockShape<kWarps>::kMinBlocksPerSm)
     chunk_cast_transposed_kernel(const ChunkParams p) {
   const int head = blockIdx.y;
   if (blockIdx.x == 0) {
     zero_unowned_columns(p, head);
     return;
   }
-  const int tile = (blockIdx.x - 1) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (tile >= p.tiles_per_head) return;
+  const int tile = (blockIdx.x - 1) * kWarps + threadIdx.x / kWarpSize;
+  if (kRule == ChunkRule::kMxfp8 && tile >= p.tiles_per_head) return;  // no barrier to join
   const LaneTile lane = locate_lane<kChunk>(p, head, tile);
   const ChunkSpan span =
       lane.chunk < p.num_chunks ? locate_chunk<kChunk>(p, lane.chunk) : ChunkSpan{0, 0, 0};
@@ -280,11 +331,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   lane_channel_amax<T>(rows, amax);
 #pragma unroll
   for (int c = 0; c < kChannelsPerLane; ++c) {
-    // See Note [Mask-exact FP8 scaling]: amax over this chunk's tokens of one channel only.
+    // See Note [Mask-exact FP8 scaling]: amax over this chunk's tokens only.
     amax[c] = group_max(amax[c], kChunk / kTokensPerLane);
   }
   float multiplier[kChannelsPerLane];
-  chunk_multipliers<kChunk, kRule>(p, lane, span.len > 0, amax, multiplier);
+  if constexpr (kRule == ChunkRule::kCurrent) {
+    // See Note [Mask-exact FP8 scaling]: one scale over this chunk's tokens and channels.
+    const float scale = chunk_multiplier_current<kChunk>(
+        p, lane, span.len > 0, chunk_amax_all_channels<kChunk, kWarps>(p, amax));
+#pragma unroll
+    for (int c = 0; c < kChannelsPerLane; ++c) multiplier[c] = scale;
+  } else {
+    channel_multipliers<kChunk>(p, lane, span.len > 0, amax, multiplier);
+  }
   const int64_t column = span.column + lane.group * kTokensPerLane;
 #pragma unroll
   for (int c = 0; c < kChannelsPerLane; ++c) {
@@ -294,19 +353,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 }
 
-template <typename T, int kChunk, ChunkRule kRule>
-cudaError_t launch_typed(ChunkParams p, bool vectorized, cudaStream_t stream) {
+template <typename T, int kChunk, ChunkRule kRule, int kWarps>
+cudaError_t launch_shaped(ChunkParams p, bool vectorized, cudaStream_t stream) {
   constexpr int kChunksPerSpan = kSpanTokens / kChunk;
   p.num_spans = (p.num_chunks + kChunksPerSpan - 1) / kChunksPerSpan;
   const int64_t tiles_per_head =
       static_cast<int64_t>(p.num_spans) * (p.head_dim / kChannelsPerWarp);
   if (tiles_per_head > kMaxTilesPerHead) return cudaErrorInvalidConfiguration;
   p.tiles_per_head = static_cast<int>(tiles_per_head);
-  const dim3 grid(1 + (p.tiles_per_head + kWarpsPerBlock - 1) / kWarpsPerBlock, p.heads);
-  auto kernel = vectorized ? chunk_cast_transposed_kernel<T, kChunk, kRule, true>
-                           : chunk_cast_transposed_kernel<T, kChunk, kRule, false>;
-  kernel<<<grid, kThreads, 0, stream>>>(p);
+  const dim3 grid(1 + (p.tiles_per_head + kWarps - 1) / kWarps, p.heads);
+  auto kernel = vectorized ? chunk_cast_transposed_kernel<T, kChunk, kRule, true, kWarps>
+                           : chunk_cast_transposed_kernel<T, kChunk, kRule, false, kWarps>;
+  kernel<<<grid, BlockShape<kWarps>::kThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+/* 4 warps per block, or 8 where the current rule's span of 32-channel slices needs them. */
+template <typename T, int kChunk, ChunkRule kRule>
+cudaError_t launch_typed(const ChunkParams &p, bool vectorized, cudaStream_t stream) {
+  if constexpr (kRule == ChunkRule::kCurrent) {
+    if (p.head_dim > 4 * kChannelsPerWarp) {
+      return launch_shaped<T, kChunk, kRule, kWarpsWide>(p, vectorized, stream);
+    }
+  }
+  return launch_shaped<T, kChunk, kRule, 4>(p, vectorized, stream);
 }
 
 template <typename T, ChunkRule kRule>

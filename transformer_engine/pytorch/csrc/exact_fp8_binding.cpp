@@ -96,18 +96,17 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
       "MXFP8 along d: data [h, t, d], E8M0 scales [h, t, d / 32].");
 
   m.def(
-      "per_chunk_channel_cast_transposed",
+      "per_chunk_cast_transposed",
       [](const NVTEExactFP8TokenView &v, const NVTEExactFP8Chunks &c, bool use_power_2_scales,
          float amax_epsilon, uintptr_t data_t, int64_t data_t_stride, uintptr_t scale_inv,
          uintptr_t stream) {
-        check(nvte_exact_fp8_per_chunk_channel_cast_transposed(
+        check(nvte_exact_fp8_per_chunk_cast_transposed(
             &v, &c, use_power_2_scales, amax_epsilon, as_ptr<void>(data_t), data_t_stride,
             as_ptr<float>(scale_inv), as_stream(stream)));
       },
       py::arg("v"), py::arg("chunks"), py::arg("use_power_2_scales"), py::arg("amax_epsilon"),
       py::arg("data_t"), py::arg("data_t_stride"), py::arg("scale_inv"), py::arg("stream"),
-      "E4M3 with one scale per (head, chunk, channel): data_t [h, d, stride], "
-      "scale_inv [h, n_chunks, d].");
+      "E4M3 with one scale per (head, chunk): data_t [h, d, stride], scale_inv [h, n_chunks].");
 
   m.def(
       "per_chunk_cast_mxfp8_columnwise_transposed",

@@ -3,8 +3,9 @@
  * transformer_engine/common/fused_attn/exact_fp8_*.cu.
  *
  * The rules are those of Note [Mask-exact FP8 scaling] (exact_fp8/formats.py): Q and K get one
- * scale per (token, head), V one scale per (head, chunk of tokens of one sequence, channel), so no
- * scale ever reduces over a token that another sequence owns. docs/quantization_kernels.md has the
+ * scale per (token, head), V one scale per (head, chunk of tokens of one sequence) for current
+ * scaling and one E8M0 code per (head, chunk of 32 tokens, channel) for MXFP8, so no scale ever
+ * reduces over a token that another sequence owns. docs/quantization_kernels.md has the
  * layouts, the rounding rules and the NaN/Inf behaviour.
  *
  * Every function enqueues its work on `stream` and returns at once. The return value is
@@ -104,15 +105,15 @@ NVTEExactFP8Status nvte_exact_fp8_per_block_cast_mxfp8_rowwise(const NVTEExactFP
                                                                cudaStream_t stream);
 
 /*
- * E4M3 with one current scale per (head, chunk, channel): amax over the chunk's tokens, written
- * transposed (token axis last) for the attention kernel's P.V product.
+ * E4M3 with one current scale per (head, chunk): amax over the chunk's tokens and all head_dim
+ * channels, written transposed (token axis last) for the attention kernel's P.V product.
  * v: head_dim in {64, 128, 256}; chunks->chunk in {16, 32, 64, 128}.
  * data_t:    [heads, head_dim, data_t_stride] E4M3 bytes, 16-byte aligned; data_t_stride is a
  *            multiple of 16, and at least batch * seqlen when chunks->columns is NULL (token i
  *            in column i). Columns of no sequence are set to 0.
- * scale_inv: [heads, num_chunks, head_dim] fp32, 1 / scale.
+ * scale_inv: [heads, num_chunks] fp32, 1 / scale.
  */
-NVTEExactFP8Status nvte_exact_fp8_per_chunk_channel_cast_transposed(
+NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_transposed(
     const NVTEExactFP8TokenView *v, const NVTEExactFP8Chunks *chunks, int use_power_2_scales,
     float amax_epsilon, void *data_t, int64_t data_t_stride, float *scale_inv,
     cudaStream_t stream);
@@ -120,7 +121,7 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_channel_cast_transposed(
 /*
  * MXFP8 along the tokens: one E8M0 code per (head, chunk of 32 tokens, channel), transposed.
  * v: head_dim a multiple of 32, at most 1024; chunks->chunk == 32.
- * data_t: as for nvte_exact_fp8_per_chunk_channel_cast_transposed.
+ * data_t: as for nvte_exact_fp8_per_chunk_cast_transposed.
  * scales: [heads, num_chunks, head_dim] E8M0 codes.
  */
 NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(

@@ -51,7 +51,7 @@ __all__ = [
     "extension_available",
     "sequence_offsets",
     "per_token_cast_to_fp8",
-    "per_chunk_channel_cast_to_fp8_transposed",
+    "per_chunk_cast_to_fp8_transposed",
     "per_block_cast_to_mxfp8_rowwise",
     "per_chunk_cast_to_mxfp8_columnwise_transposed",
 ]
@@ -454,7 +454,7 @@ def _chunked_cast_transposed(
         )
         data_t = torch.empty(geo.heads, geo.head_dim, width, dtype=_FP8, device=v.device)
         scales = torch.empty(
-            geo.heads, num_chunks, geo.head_dim, dtype=scale_dtype, device=v.device
+            _scale_shape(geo, num_chunks, current), dtype=scale_dtype, device=v.device
         )
         chunks = _ext.Chunks(
             cu_seqlens=0 if seqs.cu_seqlens is None else seqs.cu_seqlens.data_ptr(),
@@ -465,7 +465,7 @@ def _chunked_cast_transposed(
             columns=0 if device_columns is None else device_columns.data_ptr(),
         )
         if current:
-            kernel = _ext.per_chunk_channel_cast_transposed
+            kernel = _ext.per_chunk_cast_transposed
             args = (scale_kw["use_power_2_scales"], scale_kw["amax_epsilon"])
         else:
             kernel, args = _ext.per_chunk_cast_mxfp8_columnwise_transposed, ()
@@ -478,6 +478,14 @@ def _chunked_cast_transposed(
     )
 
 
+def _scale_shape(geo: _Geometry, num_chunks: int, current: bool) -> Tuple[int, ...]:
+    """Current scaling: [h_kv, num_chunks] (one scale per chunk and kv-head); MXFP8:
+    [h_kv, num_chunks, d] (one E8M0 code per chunk and channel)."""
+    if current:
+        return (geo.heads, num_chunks)
+    return (geo.heads, num_chunks, geo.head_dim)
+
+
 def _reference_chunked_cast(
     v, qkv_format, layout, geo, chunk, aligned, width, num_chunks, current, **scale_kw
 ):
@@ -486,7 +494,7 @@ def _reference_chunked_cast(
     tokens = _cpu_tokens(v, qkv_format)[: layout.total]  # [total, h, d]
     if current:
         data, scales, cu_chunks = _reference_cast(
-            "per_chunk_channel_cast_to_fp8", tokens, layout, chunk=chunk, **scale_kw
+            "per_chunk_cast_to_fp8", tokens, layout, chunk=chunk, **scale_kw
         )
     else:
         data, scales, cu_chunks = _reference_cast(
@@ -497,7 +505,8 @@ def _reference_chunked_cast(
         data_t[:, :, column : column + span] = data[start : start + span].permute(1, 2, 0)
     unit = 1.0 if current else 127  # scale_inv 1 / E8M0 code of 2^0
     pad_rows = scales.new_full((num_chunks - scales.shape[0], *scales.shape[1:]), unit)
-    scales = torch.cat([scales, pad_rows]).transpose(0, 1).contiguous()  # [h, num_chunks, d]
+    # [h, num_chunks] (current) or [h, num_chunks, d] (MXFP8)
+    scales = torch.cat([scales, pad_rows]).transpose(0, 1).contiguous()
     return (
         data_t.to(v.device),
         scales.to(v.device),
@@ -505,7 +514,7 @@ def _reference_chunked_cast(
     )
 
 
-def per_chunk_channel_cast_to_fp8_transposed(
+def per_chunk_cast_to_fp8_transposed(
     v: torch.Tensor,
     *,
     qkv_format: str,
@@ -518,17 +527,17 @@ def per_chunk_channel_cast_to_fp8_transposed(
     offsets: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """E4M3 with one current scale per (kv-head, chunk of `chunk` tokens, channel): V, transposed.
+    """E4M3 with ONE current scale per (kv-head, chunk of `chunk` tokens): V, transposed.
 
     v: bshd / sbhd / thd, bf16 or fp16, d in CURRENT_HEAD_DIMS, d contiguous; cu_seqlens
     ([n_seqs + 1] int32 on v's device) for thd only. chunk in CHUNK_SIZES (the format's constant
     is V_CHUNK_CURRENT). Chunks start at each sequence's first token and never cross a sequence;
     the last chunk of a sequence may be short.
     Returns data_t [h_kv, d, t_pad] float8_e4m3fn (t_pad = t rounded up to TOKEN_PAD; token i in
-    column i; columns of no sequence are 0), scale_inv [h_kv, n_chunks, d] float32 (1 / scale,
-    amax over the chunk's tokens) and cu_chunks [n_seqs + 1] int32 (sequence n owns chunks
-    cu_chunks[n] .. cu_chunks[n + 1] - 1; for bshd/sbhd a cached tensor that calls of the same
-    shape share: read-only). See Note [Mask-exact FP8 scaling].
+    column i; columns of no sequence are 0), scale_inv [h_kv, n_chunks] float32 (1 / scale,
+    amax over the chunk's tokens and all d channels of the kv-head) and cu_chunks [n_seqs + 1]
+    int32 (sequence n owns chunks cu_chunks[n] .. cu_chunks[n + 1] - 1; for bshd/sbhd a cached
+    tensor that calls of the same shape share: read-only). See Note [Mask-exact FP8 scaling].
     aligned_columns: data_t [h_kv, d, width] instead, with sequence n's tokens from column
     vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 16, for the attention
     kernel's TMA boxes; width: the list's last entry) and 0 in the columns between sequences.
@@ -570,12 +579,12 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP8 along the tokens (TE's columnwise usage), one E8M0 code per 32 tokens: V, transposed.
 
-    v: as for per_chunk_channel_cast_to_fp8_transposed, with d a multiple of 32 (at most
+    v: as for per_chunk_cast_to_fp8_transposed, with d a multiple of 32 (at most
     MAX_MX_HEAD_DIM). Chunks are MX blocks of 32 tokens starting at each sequence's first token.
-    Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes)
+    Returns data_t [h_kv, d, t_pad] float8_e4m3fn, scales [h_kv, n_chunks, d] uint8 (E8M0 codes,
+    one per 32 tokens and channel)
     and cu_chunks [n_seqs + 1] int32 (read-only for bshd/sbhd). See Note [Mask-exact FP8
-    scaling]. aligned_columns, sync_free, offsets: as for
-    per_chunk_channel_cast_to_fp8_transposed.
+    scaling]. aligned_columns, sync_free, offsets: as for per_chunk_cast_to_fp8_transposed.
     """
     return _chunked_cast_transposed(
         v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns, sync_free, offsets
