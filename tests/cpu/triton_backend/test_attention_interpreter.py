@@ -65,6 +65,7 @@ else:
         to_tokens,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
+        QuantConfig,
         reference_attention,
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
@@ -74,6 +75,7 @@ else:
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
         prefix_change,
+        rel_frobenius_error,
     )
 
     def _index_scalars_with_numpy_2_4():
@@ -361,6 +363,30 @@ else:
         ref = reference_attention("fork-" + recipe, q, k, v, **case)
         assert any(bool(t.any()) for t in ref.fp8_tiles), "no FP8 tile: the case checks nothing"
         torch.testing.assert_close(out, ref.out, rtol=2.0**-10, atol=2.0**-14)
+
+    @pytest.mark.parametrize("pow2", [False, True])
+    def test_v_scale_fold_across_chunk_magnitudes(pow2):
+        """Note [V scale in the rescale]: V chunks 2^22 apart in magnitude (each 128-token chunk
+        times 2^-12, 2^10, 2^-6, 2^4) under uniform attention (q = 0: P = P_SCALE exactly), so
+        every FP8 tile rescales the accumulator by a ratio far from 1. Each 128-row block of the
+        output matches the reference to fp16 rounding, relative to the block's own magnitude."""
+        gen = torch.Generator().manual_seed(8)
+        exponents = torch.tensor([-12.0, 10.0, -6.0, 4.0])
+        v = (
+            torch.randn(1, 512, 1, 64, generator=gen)
+            * (2.0**exponents).repeat_interleave(128)[None, :, None, None]
+        )
+        k = _randn(gen, 1, 512, 1, 64)
+        q = torch.zeros(1, 512, 2, 64).half()
+        case = dict(qkv_format="bshd", attn_mask_type="causal")
+        out, _ = _run(q, k, v.half(), "current", case, use_power_2_scales=pow2)
+        quant = QuantConfig(use_power_2_scales=pow2)
+        ref = reference_attention("fork-current", q, k, v.half(), quant=quant, **case)
+        assert ref.fp8_tiles[0].sum() == 6  # tiles (1, 0), (2, 0..1), (3, 0..2)
+        for rows in range(0, 512, 128):
+            block = slice(rows, rows + 128)
+            err = rel_frobenius_error(out[:, block].double(), ref.out[:, block].double())
+            assert err < 2.0**-10, f"rows {rows}..: relative error {err:.2e}"
 
     @pytest.mark.parametrize("recipe", RECIPES)
     def test_no_keys_give_zero_rows(recipe):

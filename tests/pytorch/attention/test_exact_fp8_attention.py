@@ -194,7 +194,14 @@ def test_in_kernel_q_cast_equals_reference_cast(recipe, quant, dtype):
     assert torch.equal(inside[0], outside[0]) and torch.equal(inside[1], outside[1])
 
 
-LAUNCH_CONFIGS = ((64, 4, 3, None), (64, 4, 2, 168), (128, 4, 3, None), (128, 8, 3, None))
+LAUNCH_CONFIGS = (
+    (64, 4, 3, None),
+    (64, 4, 2, 168),
+    (64, 4, 4, None),
+    (128, 4, 3, None),
+    (128, 8, 2, None),
+    (128, 8, 3, None),
+)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -439,3 +446,51 @@ def test_cuda_graph_capture_of_thd_needs_max_seqlen_q():
     with pytest.raises(ValueError, match="max_seqlen_q"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             exact_fp8_attention_forward(x, x, x, **kwargs)
+
+
+# -------------------------------------------------------------------- V scale in the rescale
+
+
+def _chunk_magnitudes(gen, exponents, dtype=torch.bfloat16):
+    """bshd [1, 128 * len(exponents), 1, 128] V: 128-token chunk c is N(0, 1) * 2^exponents[c]."""
+    scale = (2.0 ** torch.tensor(exponents, dtype=torch.float64)).repeat_interleave(128)
+    v = torch.randn(1, scale.numel(), 1, 128, generator=gen, dtype=torch.float64)
+    return (v * scale[None, :, None, None]).to(dtype)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("exponents", [(-12, 10, -6, 4), (60, 100, 40, -20)], ids=["mid", "large"])
+def test_v_scale_fold_across_chunk_magnitudes(exponents, pow2):
+    """Note [V scale in the rescale]: V chunks far apart in magnitude (large finite values up to
+    2^100 included), uniform attention (q = 0: P = P_SCALE exactly). Each 128-row block matches
+    the reference to bf16 rounding, relative to its own magnitude; the outputs are finite."""
+    gen = torch.Generator().manual_seed(12)
+    v = _chunk_magnitudes(gen, exponents)
+    k = torch.randn(v.shape, generator=gen).bfloat16()
+    q = torch.zeros(1, v.shape[1], 2, 128, dtype=torch.bfloat16)
+    case = dict(qkv_format="bshd", attn_mask_type="causal")
+    out, _ = _forward(q, k, v, "current", case, use_power_2_scales=pow2)
+    quant = QuantConfig(use_power_2_scales=pow2)
+    ref = reference_attention("fork-current", q, k, v, quant=quant, **case)
+    assert ref.fp8_tiles[0].sum() == 6 and torch.isfinite(out).all()
+    for rows in range(0, v.shape[1], 128):
+        block = slice(rows, rows + 128)
+        err = rel_frobenius_error(out.cpu()[:, block].double(), ref.out[:, block].double())
+        assert err < 2.0**-8, f"rows {rows}..: relative error {err:.2e}"
+
+
+def test_large_finite_future_v_changes_no_earlier_row():
+    """A future chunk's V scaled up to 2^100 (finite in bf16), random Q and K: rows before it
+    keep every bit, whatever its scale does to the accumulator's units there."""
+    gen = torch.Generator().manual_seed(13)
+    v = _chunk_magnitudes(gen, (0, 20, -10, 0))
+    q, k = (torch.randn(1, v.shape[1], 2, 128, generator=gen).bfloat16() for _ in range(2))
+    k = k[:, :, :1]
+    v2 = v.clone()
+    v2[:, 384:] = (v2[:, 384:].double() * 2.0**100).bfloat16()
+    case = dict(qkv_format="bshd", attn_mask_type="causal")
+    base, base_lse = _forward(q, k, v, "current", case)
+    pert, pert_lse = _forward(q, k, v2, "current", case)
+    assert torch.equal(base[:, :384], pert[:, :384])
+    assert torch.equal(base_lse[:, :384], pert_lse[:, :384])
+    assert not torch.equal(base[:, 384:], pert[:, 384:])

@@ -4,7 +4,8 @@
 
 Q is quantized inside the kernel (per token for current scaling, per 32 channels for MXFP8); K and
 V are quantized here, once, into the token-major layouts the kernel reads (K8 [h_kv, t, d], V8^T
-[h_kv, d, t_pad] with per-(chunk, channel) scales). See Note [Mask-exact FP8 scaling] in
+[h_kv, d, t_pad] with one scale per (chunk, kv-head) for current scaling, per (32-token chunk,
+channel) for MXFP8). See Note [Mask-exact FP8 scaling] in
 formats.py for the rules and docs/attention_kernel.md for the design and the measurements.
 """
 
@@ -38,6 +39,9 @@ _TOP_LEFT_MASKS = ("causal", "padding_causal")
 # block_m (query rows per program, a divisor of Q_TILE) changes no FP8 decision (taken per
 # Q_TILE) and no output bit (tests/pytorch/attention/test_exact_fp8_attention.py checks).
 # Measured on the H200: benchmarks/results/attention_forward.md; design: docs/attention_kernel.md.
+# Rules v2 (the V scale a per-tile scalar) retried 128-row programs and other depths on the H200
+# (benchmarks/results/v_scale_rules.md, 2026-12-01): kernel alone at 8k m128w8s3 1.23x and
+# m128w8s2 1.31x the time of m64w4s3, m64w4s2 1.12x, m64w4s4 1.65x; so 64 rows, 3 stages stay.
 _LAUNCH_CONFIG = {
     ("current", 64): (64, 4, 3, None),
     ("current", 128): (64, 4, 3, None),
@@ -226,8 +230,10 @@ def _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon):
 
 
 def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
-    """V8^T [h_kv, d, width] e4m3, scales [h_kv, n_chunks, d], cu_chunks [num_seqs + 1] int32,
-    cu_vt [num_seqs + 1] int32: the V8^T column of each sequence's first key.
+    """V8^T [h_kv, d, width] e4m3, scales (current: [h_kv, n_chunks] fp32 scale_inv, amax over
+    the chunk's tokens and channels; MXFP8: [h_kv, n_chunks, d] E8M0 codes), cu_chunks
+    [num_seqs + 1] int32, cu_vt [num_seqs + 1] int32: the V8^T column of each sequence's first
+    key.
 
     Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
     first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling]. Sequences
@@ -247,7 +253,7 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
     if recipe == "mxfp8":
         v8t, scales, cu_chunks = quantize.per_chunk_cast_to_mxfp8_columnwise_transposed(v, **layout)
     else:
-        v8t, scales, cu_chunks = quantize.per_chunk_channel_cast_to_fp8_transposed(
+        v8t, scales, cu_chunks = quantize.per_chunk_cast_to_fp8_transposed(
             v, chunk=chunk, use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
             **layout,
         )  # fmt: skip

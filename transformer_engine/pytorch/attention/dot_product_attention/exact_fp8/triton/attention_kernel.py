@@ -10,16 +10,19 @@ parameter like num_warps) of one (sequence, head):
 over the KV tiles (BLOCK_N = KV_TILE = 128 positions) that masking.kv_tile_ranges returns:
 boundary tiles are masked element-wise and multiply P (in the input dtype) with the unquantized V,
 in sub-tiles of BOUNDARY_N = 64 positions of which those hidden from the whole block are skipped;
-FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V, whose per-(chunk, channel)
-scale is applied to the product. The FP8/unquantized decision is taken per (Q_TILE, KV_TILE)
-pair, as masks.fp8_tile_map, whatever BM is. P_SCALE is folded into the exponent, so l and acc
+FP8 tiles are unmasked and multiply P cast to E4M3 with the FP8 V. For current scaling a tile's
+V scale is one scalar (its chunk's, per kv-head), folded into the accumulator's per-row rescale:
+acc is kept in units of the last FP8 tile's V scale and multiplied back once at the end (Note [V
+scale in the rescale] in formats.py), so the MMA accumulates straight into acc. The
+FP8/unquantized decision is taken per (Q_TILE, KV_TILE) pair, as masks.fp8_tile_map, whatever
+BM is. P_SCALE is folded into the exponent, so l and acc
 carry the same factor and it cancels in acc / l (only the LSE subtracts it); row_scale > 0 is
 folded into the exponent's FMA (max_j(t * r) = r * max_j(t) exactly, rounding is monotonic). See
 Note [Mask-exact FP8 scaling] in formats.py for why this keeps every output row independent of
 what its mask hides.
 
 Recipes (RECIPE_MX):
-  current  Q/K: one E4M3 scale per token (per_token_cast_to_fp8), V: per (128-token chunk, channel)
+  current  Q/K: one E4M3 scale per token (per_token_cast_to_fp8), V: one per 128-token chunk
   MXFP8    Q/K: E8M0 per 32 along d, V: E8M0 per (32-token chunk, channel). sm90 has no block-
            scaled MMA, so the scales are applied explicitly and exactly: one FP8 sub-dot per
            32-wide block of the contraction dim, times the fp32 power-of-two scales; row_scale is
@@ -38,7 +41,7 @@ import math
 import triton
 import triton.language as tl
 
-from ..formats import KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
+from ..formats import FP32_MAX, KV_TILE, MX_BLOCK, P_SCALE, Q_TILE, V_CHUNK_CURRENT
 from .masking import boundary_subtile_ranges, kv_tile_ranges, sequence_geometry, visible
 from .scaling import (
     e8m0_to_fp32,
@@ -67,8 +70,9 @@ LOG2_P_SCALE = tl.constexpr(int(math.log2(P_SCALE)))
 MX_BLOCK_C = tl.constexpr(MX_BLOCK)
 V_CHUNK_C = tl.constexpr(V_CHUNK_CURRENT)
 LN2 = tl.constexpr(math.log(2.0))
+FP32_MAX_C = tl.constexpr(FP32_MAX)
 assert 2**LOG2_P_SCALE.value == P_SCALE and BLOCK_N % MX_BLOCK == 0
-assert BLOCK_N == V_CHUNK_CURRENT  # one current-scaling V chunk per FP8 KV tile
+assert BLOCK_N == V_CHUNK_CURRENT  # one current-scaling V scale per FP8 KV tile
 assert BLOCK_N % BOUNDARY_N == 0 and BOUNDARY_N % MX_BLOCK == 0
 assert all(Q_TILE % block_m == 0 for block_m in BLOCK_M_CHOICES)
 
@@ -170,41 +174,19 @@ def _column_blocks(x, N: tl.constexpr):
         return b0, b1, b2, b3
 
 
-# Note [Channel scales in pairs]
-# A tile's V scales ([D] fp32, one per channel) multiply the P.V product column by column, so
-# each thread needs the scales of the columns it holds in the wgmma accumulator: two adjacent
-# columns in each group of eight. Loaded as [D] fp32, Triton gives the load a blocked layout and
-# moves the values into the accumulator's through shared memory and a barrier every tile; it
-# loads straight into the accumulator's layout only when the load has fewer elements than the
-# program has threads. Loading the scales as D // 2 int64 pairs (each pair the two adjacent
-# columns one thread holds) meets that, and splitting each pair into two fp32 (bitcasts, the
-# same bits) gives the columns in order: no exchange, no barrier. Same values, so the same
-# output bits; V_SCALE's rows are 8-byte aligned (D fp32 each, from an aligned allocation).
-
-
-@triton.jit
-def _load_channel_scales(ptr, HEAD_DIM: tl.constexpr):
-    """[HEAD_DIM] fp32 from ptr (fp32, 8-byte aligned), loaded in pairs: see Note [Channel
-    scales in pairs]."""
-    # [D // 2] int64: channels 2c (low half) and 2c + 1 (high half)
-    pairs = tl.load(ptr.to(tl.pointer_type(tl.int64)) + tl.arange(0, HEAD_DIM // 2))
-    even = pairs.to(tl.int32).to(tl.float32, bitcast=True)
-    odd = (pairs >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    return tl.reshape(tl.join(even, odd), [HEAD_DIM])
-
-
 @triton.jit
 def _pv_fp8(
     acc, p, vt_tile, v_scales, vt_desc, vt_row, vt_col, col0, len_kv, stride_vtd,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """acc + P8 . V8 with each V chunk's per-channel scale applied to its product. [BM, D] fp32.
+    """acc + P8 . V8 [BM, D] fp32: for current scaling in units of the tile's V scale (Note [V
+    scale in the rescale]: the caller rescaled acc into them), for MXFP8 with each 32-token
+    block's per-channel scales applied to its product.
 
     vt_tile: the tile's first column in the head's V8^T [d, t_pad] (tokens contiguous: the K-major
-    operand of the FP8 MMA; a multiple of 16 columns); v_scales: the tile's V scales, for
-    current scaling the [D] fp32 scale_inv of its chunk, for MXFP8 a pointer to its first
-    block's row of V_SCALE [n_chunks, d]. Only the leaky fp8_v_everywhere mode runs this on
-    masked tiles.
+    operand of the FP8 MMA; a multiple of 16 columns); v_scales: MXFP8 only, a pointer to the
+    tile's first block's row of V_SCALE [n_chunks, d]. Only the leaky fp8_v_everywhere mode runs
+    this on masked tiles.
     vt_desc: TMA descriptor of V8^T as [h_kv * d, t_pad] with [d, BN] boxes; (vt_row, vt_col)
     int32: the tile's corner in it, read by current scaling (MXFP8 reads pointers, one 32-token
     block at a time). On the leaky mode's masked tiles the box also reads keys past len_kv (the
@@ -219,8 +201,8 @@ def _pv_fp8(
         for blk in tl.static_range(BN // MX_BLOCK_C):
             cols = blk * MX_BLOCK_C + offs_c
             vt_ptrs = vt_tile + offs_d[:, None] * stride_vtd + cols[None, :]  # [D, 32]
-            # Plain [D] loads here, not Note [Channel scales in pairs]: issued just before their
-            # product, the pairs' 16 loads per thread wait longer than the exchange (0.7x).
+            # Plain [D] loads: loading them as int64 pairs in the accumulator's layout (what
+            # the v1 current-scaling path did) waited longer than the exchange here (0.7x).
             scale_ptrs = v_scales + blk * HEAD_DIM + offs_d  # [D]
             if MASKED:
                 v_t = tl.load(vt_ptrs, mask=col0 + cols[None, :] < len_kv, other=0.0)
@@ -231,7 +213,7 @@ def _pv_fp8(
             acc += tl.dot(p_blocks[blk], tl.trans(v_t)) * v_scale[None, :]
     else:
         v_t = vt_desc.load([vt_row, vt_col])  # [D, BN]; masked tiles too (P is 0 past len_kv)
-        acc += tl.dot(p8, tl.trans(v_t)) * v_scales[None, :]
+        acc = tl.dot(p8, tl.trans(v_t), acc)
     return acc
 
 
@@ -251,12 +233,40 @@ def _pv_unquantized(
 
 
 @triton.jit
+def _v_tile_scale(vs_head, chunk_kv, col0, RECIPE_MX: tl.constexpr, V_FP8: tl.constexpr):
+    """The tile's V unit (Note [V scale in the rescale]): its chunk's scale_inv (fp32 scalar,
+    V_SCALE [h_kv, n_chunks]) for current-scaling FP8 V; 1 for unquantized V and for MXFP8,
+    whose scales are applied per element."""
+    if V_FP8 and not RECIPE_MX:
+        return tl.load(vs_head + chunk_kv + col0 // V_CHUNK_C)
+    else:
+        return tl.full([], 1.0, tl.float32)
+
+
+@triton.jit
+def _unit_ratio(v_unit, tile_unit, RECIPE_MX: tl.constexpr):
+    """u / s_j of Note [V scale in the rescale], clamped to FP32_MAX; exactly 1 when the units
+    are equal (the boundary sub-tiles of one chunk, whatever BM skips) and for MXFP8. tl.fdiv:
+    within 2 ulp; a correctly rounded division brings a slow-path call that made the 128-row
+    program spill."""
+    if RECIPE_MX:
+        return tl.full([], 1.0, tl.float32)
+    else:
+        ratio = tl.minimum(tl.fdiv(v_unit, tile_unit), FP32_MAX_C)
+        return tl.where(v_unit == tile_unit, 1.0, ratio)
+
+
+@triton.jit
 def _attend_tiles(
-    acc, l_i, m_i, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
+    acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
     V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax over the BN-key tiles [kv_first, kv_end) of a sequence -> (acc, l_i, m_i).
+    """Online softmax over the BN-key tiles [kv_first, kv_end) of a sequence
+    -> (acc, l_i, m_i, v_unit).
+
+    v_unit (fp32 scalar): the V scale acc is kept in (Note [V scale in the rescale]; 1 before
+    any current-scaling FP8 tile and for MXFP8).
 
     kv_seq: the sequence's keys and values for this kv head, the tuple (k8_head, ks_head,
     vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv, stride_vtd, stride_vs, k_desc, vt_desc,
@@ -274,16 +284,12 @@ def _attend_tiles(
     stride_vtd, stride_vs, k_desc, vt_desc, k_desc_row, vt_desc_row, len_kv = kv_seq[8:]
     diag, left, right = window
     scale_cols: tl.constexpr = HEAD_DIM // MX_BLOCK_C if RECIPE_MX else 1
-    v_chunk: tl.constexpr = MX_BLOCK_C if RECIPE_MX else V_CHUNK_C
     for kt in tl.range(kv_first, kv_end, num_stages=LOOP_STAGES):
         col0 = kt * BN
         tok = tok_kv + col0
-        if V_FP8:
-            # Read first: the scales' load latency then runs under the scores and the softmax
-            # instead of after the P.V product that needs them (4-6% of the kernel on the H200).
-            v_scales = vs_head + (chunk_kv + col0 // v_chunk).to(tl.int64) * HEAD_DIM
-            if not RECIPE_MX:
-                v_scales = _load_channel_scales(v_scales, HEAD_DIM)  # [D]
+        # Read first: the scale's load latency then runs under the scores and the softmax.
+        tile_unit = _v_tile_scale(vs_head, chunk_kv, col0, RECIPE_MX, V_FP8)
+        v_scales = vs_head + (chunk_kv + col0 // MX_BLOCK_C).to(tl.int64) * HEAD_DIM  # MXFP8
         t = _scores(
             q8, q_scale, k8_head + tok * HEAD_DIM, ks_head + tok * scale_cols,
             k_desc, k_desc_row + col0, col0, len_kv, HEAD_DIM, BN, RECIPE_MX, MASKED,
@@ -300,7 +306,9 @@ def _attend_tiles(
         p = tl.math.exp2(t * row_scale[:, None] - (m_ref - LOG2_P_SCALE)[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        # See Note [V scale in the rescale]: acc moves into the units of this tile's V scale.
+        acc = acc * (alpha * _unit_ratio(v_unit, tile_unit, RECIPE_MX))[:, None]
+        v_unit = tile_unit
         if V_FP8:
             acc = _pv_fp8(
                 acc, p, vt_head + vt_col0 + col0, v_scales, vt_desc, vt_desc_row, vt_col0 + col0,
@@ -310,7 +318,7 @@ def _attend_tiles(
             v_tile = v_seq + col0.to(tl.int64) * stride_vs
             acc = _pv_unquantized(acc, p, v_tile, stride_vs, col0, len_kv, HEAD_DIM, BN)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, l_i, m_i, v_unit
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS)
@@ -333,7 +341,8 @@ def attention_forward_kernel(
     Q: [.., d] in its layout (strides b/s/h), or pre-quantized token-major [h, t, d] e4m3
     (QUANTIZE_Q False) with Q_SCALE [h, t] fp32 scale_inv ([h, t, d // 32] E8M0 for MXFP8).
     K8 [h_kv, t, d] e4m3, K_SCALE [h_kv, t] fp32 scale_inv ([h_kv, t, d // 32] fp32 2^(e - 127)).
-    V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks, d] fp32 scale_inv (MXFP8: 2^(e - 127)).
+    V8T [h_kv, d, t_pad] e4m3, V_SCALE [h_kv, n_chunks] fp32 scale_inv (one per chunk and
+    kv-head; MXFP8: [h_kv, n_chunks, d] fp32 2^(e - 127)).
     K_DESC, VT_DESC: TMA descriptors of K8 as [h_kv * t, d] (block [BN, d]) and of V8T as
     [h_kv * d, t_pad] (block [d, BN]), read by the complete tiles of current scaling; VT_DESC_B:
     V8T's with [d, BNB] boxes, for the boundary sub-tiles of the leaky mode (FP8_V_EVERYWHERE;
@@ -395,6 +404,7 @@ def attention_forward_kernel(
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
+    v_unit = tl.full([], 1.0, tl.float32)  # the V scale acc is in: Note [V scale in the rescale]
     vt_col0 = tl.multiple_of(tl.load(CU_VT + seq), 16)  # 16-byte aligned V8^T rows: TMA boxes
     kv_head_data = (
         k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv, stride_vtd, stride_vs
@@ -404,22 +414,24 @@ def attention_forward_kernel(
     window = (diag, window_left, window_right)
     # Right boundary (diagonal / sequence end) first, so that its loads are not left exposed at
     # the end of the program, then the left boundary (sliding window) and the FP8 tiles.
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, right_lo, right_hi, kv_seq_b, window,
+    acc, l_i, m_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, right_lo, right_hi, kv_seq_b, window,
         HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, left_lo, left_hi, kv_seq_b, window,
+    acc, l_i, m_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, left_lo, left_hi, kv_seq_b, window,
         HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
+    acc, l_i, m_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, False, True, None,
     )  # fmt: skip
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
     seen = (rows < len_q) & (l_i > 0.0)
-    out = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None])  # correctly rounded
+    # acc / l correctly rounded, then back from the units of the last V scale (Note [V scale in
+    # the rescale]: acc / l <= 448 cannot overflow, the product is the output's magnitude)
+    out = tl.math.div_rn(acc, tl.where(seen, l_i, 1.0)[:, None]) * v_unit
     out = tl.where(seen[:, None], out, 0.0)
     lse = tl.where(seen, (m_i + tl.math.log2(l_i) - LOG2_P_SCALE) * LN2, float("-inf"))
     out_rows = (
