@@ -121,8 +121,8 @@ def _fork_current_dequantized(q, k, v):
     s = q.shape[1]
     q8, q_inv = quantize.per_token_cast_to_fp8(q, qkv_format="bshd")  # [h, t, d], [h, t]
     k8, k_inv = quantize.per_token_cast_to_fp8(k, qkv_format="bshd")
-    v8t, v_inv, _ = quantize.per_chunk_channel_cast_to_fp8_transposed(v, qkv_format="bshd")
-    per_token = v_inv.double().repeat_interleave(V_CHUNK_CURRENT, dim=1)[:, :s]  # [h, t, d]
+    v8t, v_inv, _ = quantize.per_chunk_cast_to_fp8_transposed(v, qkv_format="bshd")  # [h, n]
+    per_token = v_inv.double().repeat_interleave(V_CHUNK_CURRENT, dim=1)[:, :s, None]  # [h, t, 1]
     out = [
         (q8.double() * q_inv.double()[..., None]),
         (k8.double() * k_inv.double()[..., None]),
