@@ -50,8 +50,10 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 #
 # with alpha the online softmax's per-row factor. u / s_j is one fp32 division per tile (within
 # 2 ulp, exactly 1 for equal units: a deterministic function of the two scales) and
-# alpha * (u / s_j) one multiply per row: the per-element work is the rescale that online softmax does anyway,
-# and the MMA accumulates straight into acc. Exactness: the sequence of u's is that of the
+# alpha * (u / s_j) one multiply per row: the per-element work is the rescale that online softmax
+# does anyway, plus one fp32 add of the tile's fresh P8_j . V8_j product (accumulating inside the
+# MMA instead made ptxas serialize the kernel's wgmmas, and keeps the sum in the FP8 MMA's
+# reduced accumulation precision). Exactness: the sequence of u's is that of the
 # tiles a program visits, all of which every row of its query tile sees (or unquantized), so
 # it depends on nothing a row may not see; which representation (FP8 or unquantized) a value
 # gets is decided before, by the tile map, never by a scale.

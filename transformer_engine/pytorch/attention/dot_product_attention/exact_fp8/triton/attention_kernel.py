@@ -213,7 +213,11 @@ def _pv_fp8(
             acc += tl.dot(p_blocks[blk], tl.trans(v_t)) * v_scale[None, :]
     else:
         v_t = vt_desc.load([vt_row, vt_col])  # [D, BN]; masked tiles too (P is 0 past len_kv)
-        acc = tl.dot(p8, tl.trans(v_t), acc)
+        # Each tile's P8 . V8 in a fresh fp32 product, added on the CUDA cores: accumulating into
+        # acc inside the MMA made ptxas serialize the WGMMAs (advisory C7513) and ran 1.04-1.05x
+        # slower on the H200; the fp32 add also keeps O's sum out of the tensor cores' reduced
+        # accumulation precision (benchmarks/results/v_scale_rules.md).
+        acc += tl.dot(p8, tl.trans(v_t))
     return acc
 
 
