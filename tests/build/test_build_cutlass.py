@@ -1,11 +1,11 @@
 """The pinned CUTLASS headers (build time only): sha256-checked like the upstream artifacts,
-offline folder honoured, unpacked once into the cache."""
+offline folder honoured, unpacked once into the cache; and the attention kernel's build flags."""
 
 import shutil
 
 import pytest
 
-from build_tools import fetch, pinned
+from build_tools import cmake_build, fetch, pinned
 
 WHEEL = pinned.CUTLASS_WHEEL
 
@@ -74,3 +74,9 @@ def test_cli_verifies_the_cutlass_wheel(tmp_path, capsys):
     assert fetch.main(["--cutlass", "--offline", str(tmp_path)]) == 1
     assert f"FAIL {WHEEL.filename}" in capsys.readouterr().err
 
+
+def test_sm90_attention_is_built_with_an_sm90_arch_only():
+    assert cmake_build.builds_sm90_attention(["90", "100a"])
+    assert cmake_build.builds_sm90_attention(["90a"])
+    assert not cmake_build.builds_sm90_attention(["100a"])
+    assert not cmake_build.builds_sm90_attention(["89", "120"])
