@@ -13,6 +13,7 @@ V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk)
 takes Q quantized (it does not cast Q itself yet).
 """
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -22,7 +23,15 @@ from ..formats import V_CHUNK_CURRENT, check_recipe
 from ..masks import QKV_FORMATS, check_mask_type
 from ..vt_layout import ALIGN_COLUMNS, dense_column_starts
 
-__all__ = ["HEAD_DIMS", "MASK_TYPES", "exact_fp8_attention_forward", "extension_has_kernel"]
+__all__ = [
+    "HEAD_DIMS",
+    "MASK_TYPES",
+    "Operands",
+    "exact_fp8_attention_forward",
+    "extension_has_kernel",
+    "launch",
+    "quantize_operands",
+]
 
 HEAD_DIMS = (128,)
 MASK_TYPES = ("causal", "no_mask")
@@ -87,6 +96,29 @@ def exact_fp8_attention_forward(
     if s_kv == 0:  # no key anywhere: every row sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     cast = dict(qkv_format="bshd", use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon)
+    operands = quantize_operands(q, k, v, q_fp8, **cast)
+    launch(operands, out, lse, attn_mask_type == "causal", softmax_scale)
+    return out, lse
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What the kernel reads (rules v2 of Note [Mask-exact FP8 scaling]; t_q = b * s_q)."""
+
+    q8: torch.Tensor  # [h, t_q, d] e4m3
+    q_scale: torch.Tensor  # [h, t_q] fp32, scale_inv of one (token, head) of Q
+    k8: torch.Tensor  # [h_kv, t_kv, d] e4m3
+    k_scale: torch.Tensor  # [h_kv, t_kv] fp32, scale_inv of one (token, kv-head) of K
+    v8t: torch.Tensor  # [h_kv, d, width] e4m3, V transposed (sample n from column cu_vt[n])
+    v_scale: torch.Tensor  # [h_kv, num_chunks] fp32, scale_inv of one 128-token V chunk
+    cu_chunks: torch.Tensor  # [b + 1] int32, sample n's first V chunk
+    cu_vt: torch.Tensor  # [b + 1] int32, V8^T column of sample n's first key
+    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16, contiguous: the boundary tiles' V
+
+
+def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
+    """Q, K and V through the fork's quantizers into the kernel's layouts (bshd inputs)."""
+    batch, s_kv = k.shape[0], k.shape[1]
     q8, q_scale = _query_fp8(q, q_fp8, cast)
     k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
     aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n's first column on the 16-grid
@@ -94,16 +126,21 @@ def exact_fp8_attention_forward(
         v, chunk=V_CHUNK_CURRENT, aligned_columns=aligned, **cast
     )
     cu_vt = dense_column_starts(batch, s_kv, v.device, aligned)
-    v = v.contiguous()  # the kernel's TMA reads V [b, s_kv, h_kv, d] densely
+    return Operands(q8, q_scale, k8, k_scale.contiguous(), v8t, v_scale.contiguous(), cu_chunks,
+                    cu_vt, v.contiguous())  # fmt: skip
+
+
+def launch(ops: Operands, out: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale):
+    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q]."""
+    batch, s_q, heads, d = out.shape
+    s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
     quantize._ext.attention_sm90_fwd(
-        q8.data_ptr(), q_scale.data_ptr(), k8.data_ptr(), k_scale.contiguous().data_ptr(),
-        v8t.data_ptr(), v_scale.contiguous().data_ptr(), cu_chunks.data_ptr(), cu_vt.data_ptr(),
-        v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-        batch, s_q, s_kv, heads, heads_kv, d, v8t.shape[-1], v_scale.shape[-1],
-        attn_mask_type == "causal", float(softmax_scale),
-        torch.cuda.current_stream(q.device).cuda_stream,
+        ops.q8.data_ptr(), ops.q_scale.data_ptr(), ops.k8.data_ptr(), ops.k_scale.data_ptr(),
+        ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
+        ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
+        bool(causal), float(softmax_scale), torch.cuda.current_stream(out.device).cuda_stream,
     )  # fmt: skip
-    return out, lse
 
 
 def _query_fp8(q, q_fp8, cast):
