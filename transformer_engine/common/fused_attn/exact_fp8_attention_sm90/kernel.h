@@ -4,10 +4,10 @@
  * Grid: (query tiles, b * h), causal tiles longest first. Block: two warpgroups (256 threads),
  * 64 query rows each; thread 0 also issues the TMA loads. Per KV tile kt (2-stage ring):
  *   wait full[kt % 2] -> S = Q8 . K8^T (SS WGMMA, E4M3) -> scores in log2 units with the
- *   per-key K scale and the per-row Q scale -> online softmax (softmax.h) -> O rescaled by
- *   alpha * (u / s_kt) -> O += P8 . V8 (RS WGMMA, E4M3; P_SCALE in the exponent) for an FP8
- *   tile, O += P . V (RS WGMMA, bf16) for a boundary tile -> all threads done: thread 0 reuses
- *   the stage for tile kt + 2.
+ *   per-key K scale and the per-row Q scale -> online softmax (softmax.h) -> for an FP8 tile
+ *   O = O * alpha * (u / s_kt) + P8 . V8 (a fresh RS WGMMA product, E4M3; P_SCALE in the
+ *   exponent), for a boundary tile O = O * alpha * u, then O += P . V (RS WGMMA, bf16) -> all
+ *   threads done: thread 0 reuses the stage for tile kt + 2.
  * Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
@@ -141,17 +141,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Note [V scale in the rescale]: acc <- acc * (alpha * (u / s_kt)) + P . V, u <- s_kt.
     const float ratio = fminf(u / s_kt, FLT_MAX);
     u = s_kt;
-#pragma unroll
-    for (int v = 0; v < 64; ++v) tOrO(v) *= alpha[(v >> 1) & 1] * ratio;
+    const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
 
     if (fp8_v) {
+      // The FP8 tile's product is computed fresh, into the registers S no longer needs, and
+      // added to the rescaled acc in fp32 (the FP8 MMA accumulates at reduced precision; the
+      // Triton kernel does the same).
       p_to_fp8_operand(tSrS, tOrP8);
       pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
-          mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tOrO, thread);
-    } else {
+          mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tSrS, thread,
+          /*fresh=*/true);
+#pragma unroll
+      for (int v = 0; v < 64; ++v) tOrO(v) = tOrO(v) * factor[(v >> 1) & 1] + tSrS(v);
+    } else {  // bf16 P . V accumulates in fp32 inside the MMA
+#pragma unroll
+      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
       p_to_bf16_operand(tSrS, tOrP16);
       pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
-          mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tOrO, thread);
+          mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tOrO, thread,
+          /*fresh=*/false);
     }
     __syncthreads();  // every warpgroup is done with the stage
     if (thread == 0 && kt + kStages < range.num_tiles) {

@@ -153,17 +153,22 @@ CUTLASS_DEVICE void scores_gemm(typename KernelTraits::MmaQK &mma, FragQ const &
   warpgroup_commit_batch();
 }
 
-// O += P . V of one KV tile (A from registers). Mma: MmaPV8 with V8^T, or MmaPV16 with V.
+// tOrO (+)= P . V of one KV tile (A from registers): a fresh product with `fresh`, else added
+// to tOrO inside the MMA. Mma: MmaPV8 with V8^T, or MmaPV16 with V.
 template <class Mma, class Layout_, class FragP, class FragO, class Element>
-CUTLASS_DEVICE void pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO, int thread) {
+CUTLASS_DEVICE void pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO, int thread,
+                            bool fresh) {
   Tensor sV = make_tensor(make_smem_ptr(smem_v), Layout_{});
   Tensor tOrV = mma.get_thread_slice(thread).partition_fragment_B(sV);
   warpgroup_fence_operand(tOrO);
   warpgroup_fence_operand(tOrP);
   warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
+  mma.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
 #pragma unroll
-  for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+  for (int k = 0; k < size<2>(tOrP); ++k) {
+    gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
   warpgroup_commit_batch();
   warpgroup_wait<0>();
   warpgroup_fence_operand(tOrO);
