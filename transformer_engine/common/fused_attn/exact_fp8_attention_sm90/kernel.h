@@ -2,12 +2,13 @@
  * The sm90 mask-exact FP8 attention forward kernel (first step: no warp specialization).
  *
  * Grid: (query tiles, b * h), causal tiles longest first. Block: two warpgroups (256 threads),
- * 64 query rows each; thread 0 also issues the TMA loads. Per KV tile kt (2-stage ring):
- *   wait full[kt % 2] -> S = Q8 . K8^T (SS WGMMA, E4M3) -> scores in log2 units with the
+ * 64 query rows each; thread 0 also issues the TMA loads. Per KV tile kt, boundary tiles first
+ * (mainloop.h, KVTileRange), through a 2-stage ring:
+ *   wait full[visit % 2] -> S = Q8 . K8^T (SS WGMMA, E4M3) -> scores in log2 units with the
  *   per-key K scale and the per-row Q scale -> online softmax (softmax.h) -> for an FP8 tile
  *   O = O * alpha * (u / s_kt) + P8 . V8 (a fresh RS WGMMA product, E4M3; P_SCALE in the
  *   exponent), for a boundary tile O = O * alpha * u, then O += P . V (RS WGMMA, bf16) -> all
- *   threads done: thread 0 reuses the stage for tile kt + 2.
+ *   threads done: thread 0 reuses the stage for the tile two visits later.
  * Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
@@ -58,8 +59,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   Producer producer{kp, ss, batch, kv_head, p.cu_vt[batch]};
   if (thread == 0) {
     producer.load_q(head, q_tile);
-    for (int kt = 0; kt < min(kStages, range.num_tiles); ++kt) {
-      producer.load_kv(kt, kt < range.num_fp8);
+    for (int visit = 0; visit < min(kStages, range.num_tiles); ++visit) {
+      producer.load_kv(visit, range.tile(visit), range.tile(visit) < range.num_fp8);
     }
   }
 
@@ -104,11 +105,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
 
   Barrier::wait(&ss.bar_q, 0);
-  for (int kt = 0; kt < range.num_tiles; ++kt) {
-    const int stage = kt % kStages;
+  for (int visit = 0; visit < range.num_tiles; ++visit) {
+    const int kt = range.tile(visit);
+    const int stage = visit % kStages;
     const bool fp8_v = kt < range.num_fp8;
     const float s_kt = fp8_v ? v_scale[kt] : 1.0f;
-    Barrier::wait(&ss.bar_full[stage], (kt / kStages) & 1);
+    Barrier::wait(&ss.bar_full[stage], (visit / kStages) & 1);
     scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, thread);
 
     // Per-key K scales of this thread's 32 columns, read while the WGMMA runs.
@@ -162,8 +164,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           /*fresh=*/false);
     }
     __syncthreads();  // every warpgroup is done with the stage
-    if (thread == 0 && kt + kStages < range.num_tiles) {
-      producer.load_kv(kt + kStages, kt + kStages < range.num_fp8);
+    if (thread == 0 && visit + kStages < range.num_tiles) {
+      const int next = range.tile(visit + kStages);
+      producer.load_kv(visit + kStages, next, next < range.num_fp8);
     }
   }
   store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);

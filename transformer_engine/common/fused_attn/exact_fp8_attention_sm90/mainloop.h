@@ -24,9 +24,17 @@ namespace exact_fp8 {
 namespace sm90 {
 
 // The KV tiles of one query tile: [0, num_fp8) FP8 V, [num_fp8, num_tiles) boundary tiles.
+// They are visited boundary tiles first (the diagonal of a causal mask: the running max then
+// sees the row's nearest keys first), then the FP8 tiles in order, as the Triton kernel does.
 struct KVTileRange {
   int num_tiles;
   int num_fp8;
+
+  // The KV tile of visit i (0 <= i < num_tiles).
+  CUTLASS_HOST_DEVICE int tile(int i) const {
+    const int num_boundary = num_tiles - num_fp8;
+    return i < num_boundary ? num_fp8 + i : i - num_boundary;
+  }
 };
 
 CUTLASS_HOST_DEVICE KVTileRange kv_tile_range(AttentionParams const &p, int q_tile) {
@@ -96,8 +104,9 @@ struct Producer {
     copy(kp.tma_q.with(ss.bar_q), tQg, tQs);
   }
 
-  CUTLASS_DEVICE void load_kv(int kt, bool fp8_v) {
-    const int stage = kt % kStages;
+  // KV tile kt into the stage of visit `visit`.
+  CUTLASS_DEVICE void load_kv(int visit, int kt, bool fp8_v) {
+    const int stage = visit % kStages;
     uint64_t &bar = ss.bar_full[stage];
     const uint32_t bytes = Traits::kFp8TileBytes + (fp8_v ? Traits::kFp8TileBytes
                                                           : Traits::kV16TileBytes);
