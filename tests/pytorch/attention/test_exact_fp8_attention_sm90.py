@@ -108,7 +108,7 @@ def test_causal_future_changes_no_prefix_bit(t, which, value):
 def test_control_a_visible_change_is_seen(t):
     """The negative control of the invariance tests: changing V at a position <= t (visible to
     row t) must change row t."""
-    q, k, v = _inputs(2, 1, 512, 512, 2, 2)
+    q, k, v = _inputs(2, 1, 512, 512, 2, 2, outliers=False)  # no weight underflows to 0
     base, _ = _cuda(q, k, v, "causal")
     v2 = v.clone()
     v2[:, t] = 100.0
@@ -162,26 +162,13 @@ def test_accuracy_against_fp64(mask, shape):
     )
 
 
-def _triton_rules_path() -> str:
-    """The reference path of the Triton kernel's V rule: rules v2 ("fork-current"), or v1
-    ("fork-current-v1", one scale per chunk and channel) while its launcher still uses v1."""
-    import inspect
-
-    pytest.importorskip("triton", reason="the comparison needs the Triton backend")
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
-        attention as triton_attention,
-    )
-
-    source = inspect.getsource(triton_attention._quantize_v)
-    return "fork-current-v1" if "per_chunk_channel_cast" in source else "fork-current"
-
-
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_agrees_with_the_triton_kernel(mask, shape):
-    """Both kernels apply the same Q, K and P rules. Stated tolerance, on N(0, 1) inputs without
-    outliers: ||cuda - triton|| / ||triton|| <= (gap between the two kernels' V rules in the
-    fp64 reference: 0 once both are on rules v2; 0.7x the rules' error for v1 vs v2) + half the
+    """Both kernels apply the same rules (v2) in the same tile order; they differ in rounding
+    only (the Triton kernel splits boundary tiles into BOUNDARY_N sub-tiles, the online softmax
+    steps differ there, and the two compilers order the fp32 arithmetic differently). Stated
+    tolerance, on N(0, 1) inputs without outliers: ||cuda - triton|| / ||triton|| <= half the
     rules' own error to the fp64 truth + one bf16 ulp; the LSEs (no V in them) agree within
     2^-10 relative."""
     q, k, v = _inputs(6, *shape, outliers=False)
@@ -191,12 +178,10 @@ def test_agrees_with_the_triton_kernel(mask, shape):
     kw = dict(qkv_format="bshd", attn_mask_type=mask)
     truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
     fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
-    fork_t = reference_attention(_triton_rules_path(), q_c, k_c, v_c, **kw)
     ref_err = rel_frobenius_error(fork.out, truth.out)
-    rules_gap = rel_frobenius_error(fork.out, fork_t.out)
     diff = rel_frobenius_error(out.cpu(), out_t.cpu())
-    bound = rules_gap + 0.5 * ref_err + 2.0**-8
-    assert diff <= bound, f"CUDA vs Triton {diff:.3e} > {bound:.3e} (rules gap {rules_gap:.3e})"
+    bound = 0.5 * ref_err + 2.0**-8
+    assert diff <= bound, f"CUDA vs Triton {diff:.3e} > {bound:.3e} (rules' error {ref_err:.3e})"
     finite = torch.isfinite(lse_t)
     assert torch.equal(torch.isfinite(lse), finite)
     torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
