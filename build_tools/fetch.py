@@ -8,6 +8,10 @@ local folder (`--offline DIR` or NVTE_FORK_ARTIFACTS_DIR). Every file is sha256-
     python -m build_tools.fetch                      # the pure-Python wheel into the cache
     python -m build_tools.fetch --cuda 13 --cache-dir DIR   # everything an install needs
     python -m build_tools.fetch --all --offline DIR  # verify a prepared offline folder
+    python -m build_tools.fetch --cutlass            # the CUTLASS headers (build time only)
+
+`cutlass_include_dir` unpacks the headers of the pinned `nvidia-cutlass` wheel into the cache and
+returns their include folder (the sm90 attention kernel's build needs it).
 """
 
 import argparse
@@ -19,6 +23,7 @@ import sys
 import tempfile
 import urllib.parse
 import urllib.request
+import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -174,9 +179,49 @@ def _find_on_index(artifact: pinned.Artifact) -> str:
     raise ArtifactError(f"{artifact.filename} is not listed on {page}")
 
 
+def cutlass_include_dir(
+    cache_dir: Optional[Path] = None, offline_dir: Optional[Path] = None
+) -> Path:
+    """The `include` folder of the pinned CUTLASS headers (cute/, cutlass/), unpacked once.
+
+    The wheel is fetched (and sha256-checked) as `fetch` does, from `offline_dir` (default:
+    NVTE_FORK_ARTIFACTS_DIR) or the cache; its headers are unpacked into the cache under a
+    folder named by the wheel's sha256, so a different wheel can never reuse them.
+    """
+    artifact = pinned.CUTLASS_WHEEL
+    wheel = fetch(artifact, cache_dir=cache_dir, offline_dir=offline_dir)
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"cutlass-{artifact.version}-{artifact.sha256[:16]}" / "include"
+    if (target / "cute" / "tensor.hpp").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".unpack-") as tmp:
+        unpacked = Path(tmp) / "include"
+        prefix = pinned.CUTLASS_INCLUDE_PREFIX
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")]
+            if not members:
+                raise ArtifactError(f"{artifact.filename} holds no headers under {prefix}")
+            for name in members:
+                relative = name[len(prefix) :]
+                if relative.startswith("/") or ".." in Path(relative).parts:
+                    raise ArtifactError(f"{artifact.filename}: unsafe member name {name!r}")
+                out = unpacked / relative
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(name) as src, open(out, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        if not (unpacked / "cute" / "tensor.hpp").is_file():
+            raise ArtifactError(f"{artifact.filename} has no cute/tensor.hpp under {prefix}")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(unpacked, target)
+    return target
+
+
 def _selected(args: argparse.Namespace) -> Sequence[pinned.Artifact]:
     if args.all:
-        return pinned.ALL_ARTIFACTS
+        return pinned.ALL_ARTIFACTS + pinned.BUILD_ARTIFACTS
+    if args.cutlass:
+        return pinned.BUILD_ARTIFACTS
     if args.cuda is not None:
         return pinned.install_artifacts(args.cuda)
     return (pinned.PURE_PYTHON_WHEEL,)
@@ -194,6 +239,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--cuda", type=int, choices=pinned.SUPPORTED_CUDA_MAJORS, help="all an install needs"
     )
     parser.add_argument("--all", action="store_true", help="every pinned artifact")
+    parser.add_argument(
+        "--cutlass", action="store_true", help="the CUTLASS headers wheel (build time only)"
+    )
     args = parser.parse_args(argv)
     failed = 0
     for artifact in _selected(args):

@@ -18,11 +18,12 @@ class Artifact:
     project: str
     filename: str
     sha256: str
+    version: str = UPSTREAM_VERSION
 
     @property
     def requirement(self) -> str:
         """The pip requirement that resolves to this artifact's release."""
-        return f"{self.project}=={UPSTREAM_VERSION}"
+        return f"{self.project}=={self.version}"
 
     @property
     def is_sdist(self) -> bool:
@@ -67,6 +68,19 @@ CORE_WHEELS: Dict[int, Artifact] = {
 
 ALL_ARTIFACTS: Tuple[Artifact, ...] = (PURE_PYTHON_WHEEL, TORCH_SDIST, *CORE_WHEELS.values())
 
+# Build-time only: the CuTe/CUTLASS headers of the sm90 attention kernel, from NVIDIA's
+# `nvidia-cutlass` wheel (headers under CUTLASS_INCLUDE_PREFIX inside it). Never installed, never
+# copied into the repository: build_tools.fetch.cutlass_include_dir unpacks them into the cache.
+CUTLASS_VERSION = "4.2.0.0"
+CUTLASS_WHEEL = Artifact(
+    "nvidia_cutlass",
+    "nvidia_cutlass-4.2.0.0-py3-none-any.whl",
+    "f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6",
+    version=CUTLASS_VERSION,
+)
+CUTLASS_INCLUDE_PREFIX = "cutlass_library/source/include/"
+BUILD_ARTIFACTS: Tuple[Artifact, ...] = (CUTLASS_WHEEL,)
+
 
 def core_wheel(cuda_major: int) -> Artifact:
     """The core-library wheel for a CUDA major version."""
@@ -90,8 +104,8 @@ def install_requirements(cuda_major: int) -> List[str]:
 
 def by_filename(filename: str) -> Artifact:
     """Look an artifact up by its exact file name."""
-    for artifact in ALL_ARTIFACTS:
+    for artifact in ALL_ARTIFACTS + BUILD_ARTIFACTS:
         if artifact.filename == filename:
             return artifact
-    known = ", ".join(a.filename for a in ALL_ARTIFACTS)
+    known = ", ".join(a.filename for a in ALL_ARTIFACTS + BUILD_ARTIFACTS)
     raise KeyError(f"{filename} is not a pinned artifact (pinned: {known})")

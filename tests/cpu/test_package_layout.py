@@ -90,3 +90,37 @@ def test_attention_forward_runs_the_selected_backends_launcher(monkeypatch):
     q = torch.zeros(1, 2, 1, 64)
     out, _ = kernels.attention_forward(q, q, q, recipe="current", attn_mask_type="causal")
     assert out is q and calls == [dict(recipe="current", attn_mask_type="causal")]
+
+
+def test_cuda_backend_is_listed_but_never_selected():
+    """The sm90 CUDA kernel is a named backend; without an sm90 GPU and the extension's kernel it
+    is not available, and select_backend() does not choose it in any case (not yet measured)."""
+    assert kernels.BACKENDS == ("triton", "cuda")
+    assert kernels.head_dims("cuda") == (128,)
+    assert kernels.select_backend() == "triton"
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
+
+    sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    assert kernels.backend_available("cuda") == (sm90 and attention.extension_has_kernel())
+    if not torch.cuda.is_available():
+        assert not kernels.backend_available("cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernels.attention_forward(None, None, None, backend="cudnn")
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
+        (dict(qkv_format="thd"), "qkv_format 'thd'"),
+        (dict(attn_mask_type="padding"), "attn_mask_type 'padding'"),
+        (dict(fp8_v_everywhere=True), "fp8_v_everywhere"),
+    ],
+)
+def test_cuda_backend_refuses_what_it_does_not_run(change, match):
+    """Checked before any device work, so also on a CPU-only machine."""
+    x = torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16)
+    kw = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal")
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        kernels.attention_forward(x, x, x, backend="cuda", **kw)

@@ -14,6 +14,9 @@
 
 namespace py = pybind11;
 
+// exact_fp8_attention_binding.cpp: the attention kernels' functions.
+void register_exact_fp8_attention(py::module_ &m);
+
 namespace {
 
 template <typename T>
@@ -131,4 +134,6 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
       py::arg("cu_seqlens"), py::arg("num_seqs"), py::arg("chunk"), py::arg("cu_chunks"),
       py::arg("columns"), py::arg("stream"),
       "A thd pack's chunk offsets and aligned columns (columns 0: not computed), on the device.");
+
+  register_exact_fp8_attention(m);
 }

@@ -11,6 +11,7 @@ The rules and the quantization API sit at this level; each other concern has its
   kernels.py    `attention_forward`, the one entry point that chooses the kernel backend
   testing.py    numeric helpers shared by tests, benchmarks and the audit
   triton/       the Triton kernel backend
+  cuda/         the sm90 CUDA (CuTe) kernel backend, not selected by default yet
   te/           Transformer Engine glue: dispatch, autograd, recipe
   reference/    the pure-PyTorch oracle
   audit/        the causality audit CLI

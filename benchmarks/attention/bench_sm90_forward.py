@@ -1,0 +1,149 @@
+"""Speed of the sm_90a CUDA attention forward next to the Triton kernel and torch's BF16 SDPA.
+
+    python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3]
+
+Causal bshd, bf16, b = 2, h = 16, d = 128, s = 4k, 8k, 16k (current scaling). Entries:
+  "cuda"          the CUDA backend's forward, Q/K/V quantization included
+  "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
+  "triton"        the Triton backend's forward (K/V quantization included; Q cast in-kernel)
+  "sdpa flash", "sdpa cudnn"  torch's BF16 scaled_dot_product_attention backends
+FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing: the
+median of CUDA-event timings (25 calls after 5 warm-up calls) per entry, entries taken
+round-robin --rounds times; the table shows the median over rounds. A missing entry (no Triton,
+a backend torch does not offer here) is shown as "-" with the reason in the JSON.
+
+Writes DIR/sm90_forward.md and DIR/sm90_forward.json, and prints the table.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
+    kernels,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
+    attention as cuda_attention,
+)
+
+BATCH, HEADS, HEAD_DIM = 2, 16, 128
+SEQLENS = (4096, 8192, 16384)
+ENTRIES = ("cuda", "cuda kernel", "triton", "sdpa flash", "sdpa cudnn")
+
+
+def _time_ms(fn, warmup=5, calls=25) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(calls):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _entries(q, k, v):
+    kw = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal")
+    ops = cuda_attention.quantize_operands(q, k, v, qkv_format="bshd")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[2], q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
+    entries = {
+        "cuda": lambda: kernels.attention_forward(q, k, v, backend="cuda", **kw),
+        "cuda kernel": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5),
+    }
+    if kernels.backend_available("triton"):
+        entries["triton"] = lambda: kernels.attention_forward(q, k, v, backend="triton", **kw)
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
+
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+
+        entries[name] = sdpa
+    return entries
+
+
+def speed_table(rounds: int):
+    results, skipped = {}, {}
+    for s in SEQLENS:
+        gen = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v = (
+            torch.randn(BATCH, s, HEADS, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+            for _ in range(3)
+        )
+        runnable = {}
+        for name, fn in _entries(q, k, v).items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except (RuntimeError, ValueError) as err:  # e.g. an SDPA backend not offered here
+                skipped[f"{name} s={s}"] = str(err).splitlines()[0]
+            else:
+                runnable[name] = fn
+        times = {name: [] for name in runnable}
+        names = list(runnable)
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                times[name].append(_time_ms(runnable[name]))
+        flops = 2 * BATCH * HEADS * s * s * HEAD_DIM
+        for name, t in times.items():
+            ms = statistics.median(t)
+            results[(s, name)] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+    return results, skipped
+
+
+def markdown(results, rounds) -> str:
+    lines = [
+        f"sm90 CUDA forward vs Triton and BF16 SDPA: causal bshd bf16, b={BATCH}, h={HEADS},"
+        f" d={HEAD_DIM}; TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds)",
+        "",
+        "| s | " + " | ".join(ENTRIES) + " |",
+        "|---|" + "---|" * len(ENTRIES),
+    ]
+    for s in SEQLENS:
+        cells = []
+        for name in ENTRIES:
+            r = results.get((s, name))
+            cells.append(f"{r['tflops']:.0f} ({r['ms']:.2f} ms)" if r else "-")
+        lines.append(f"| {s // 1024}k | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if not kernels.backend_available("cuda"):
+        print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
+        return 1
+    results, skipped = speed_table(args.rounds)
+    table = markdown(results, args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sm90_forward.md").write_text(table)
+    payload = dict(
+        device=torch.cuda.get_device_name(),
+        results=[dict(s=s, entry=name, **r) for (s, name), r in results.items()],
+        skipped=skipped,
+    )
+    (args.out / "sm90_forward.json").write_text(json.dumps(payload, indent=2))
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

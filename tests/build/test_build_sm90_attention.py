@@ -1,0 +1,61 @@
+"""The sm_90a attention kernel compiles (nvcc only: no GPU), without warnings or register spills,
+into an object that holds the kernel and the C API; skipped without nvcc."""
+
+import re
+import subprocess
+
+import pytest
+
+from build_tools import cmake_build, env, fetch
+
+pytestmark = pytest.mark.skipif(env.find_nvcc() is None, reason="needs nvcc (the CUDA compiler)")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(object file, nvcc's output with ptxas -v) of the attention kernel for sm_90a."""
+    out = tmp_path_factory.mktemp("sm90a")
+    (source,) = cmake_build.SM90A_SOURCES
+    obj = out / "attention.o"
+    cmd = cmake_build.sm90a_command(source, obj, fetch.cutlass_include_dir(), ptxas_verbose=True)
+    assert "-gencode=arch=compute_90a,code=sm_90a" in cmd
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return obj, result.stdout + result.stderr
+
+
+def test_kernel_compiles_without_spills(compiled):
+    _, log = compiled
+    assert "warning" not in log.lower(), log[-4000:]
+    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
+    assert any("attention_fwd_kernel" in k for k in kernels), log[-2000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), spills
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    assert registers and max(registers) <= 255
+
+
+def test_object_holds_the_c_api(compiled):
+    obj, _ = compiled
+    symbols = subprocess.run(["nm", "-g", str(obj)], capture_output=True, text=True).stdout
+    for name in (
+        "nvte_exact_fp8_attention_sm90_fwd",
+        "nvte_exact_fp8_attention_sm90_built",
+        "nvte_exact_fp8_attention_sm90_last_error",
+    ):
+        assert re.search(rf"\bT {name}\b", symbols), name
+
+
+def test_compile_only_builds_the_kernel_for_an_sm90_arch_only(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cmake_build, "_run", lambda cmd, cwd=None: calls.append(cmd))
+    monkeypatch.setattr(cmake_build, "cutlass_include", lambda: tmp_path / "include")
+    objects = cmake_build.compile_only(["100a"], tmp_path)
+    assert len(objects) == len(cmake_build.CUDA_SOURCES)
+    assert not any("compute_90a" in " ".join(map(str, c)) for c in calls)
+    calls.clear()
+    objects = cmake_build.compile_only(["90", "100a"], tmp_path)
+    assert len(objects) == len(cmake_build.CUDA_SOURCES) + len(cmake_build.SM90A_SOURCES)
+    sm90a = [c for c in calls if "-gencode=arch=compute_90a,code=sm_90a" in c]
+    assert len(sm90a) == 1 and f"-I{tmp_path / 'include'}" in sm90a[0]
+    assert "-gencode=arch=compute_100a,code=sm_100a" not in sm90a[0]

@@ -1,0 +1,224 @@
+"""GPU tests of the sm_90a CUDA attention forward (exact_fp8/cuda/, the "cuda" kernel backend).
+
+The kernel has not run on hardware before these tests: tools/gpu_sm90_check.sh builds it and runs
+them first. They check, for the subset it implements (bshd, bf16, d = 128, current scaling,
+causal / no_mask, MHA and GQA):
+- headline: bitwise invariance (torch.equal) of every output and LSE a mask hides from a
+  perturbation (future Q, K and V with large finite values; other samples), with a visible
+  perturbation as the control that must be seen;
+- accuracy against the fp64 reference, within the bound the Triton kernel's test uses;
+- agreement with the Triton kernel (the second implementation), within a stated tolerance.
+"""
+
+import pytest
+import torch
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
+    reference_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+    rel_frobenius_error,
+)
+
+
+def _skip_reason():
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "the CUDA attention kernel is built for sm_90a (Hopper) only"
+    if not attention.extension_has_kernel():
+        return "transformer_engine_exact_fp8 was built without the sm_90a attention kernel"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+MASKS = ("causal", "no_mask")
+# (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, one tile and several, MHA and GQA.
+SHAPES = [
+    (2, 128, 128, 4, 4),
+    (2, 300, 300, 4, 2),
+    (1, 1024, 1024, 2, 1),
+    (2, 77, 200, 4, 4),
+    (2, 384, 130, 4, 2),
+]
+BF16_MAX = 3.3895313892515355e38
+
+
+def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True):
+    """N(0, 1) in bf16, with x50 outliers (1%) when `outliers`; on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(shape):
+        x = torch.randn(*shape, generator=gen)
+        if outliers:
+            x = torch.where(torch.rand(*shape, generator=gen) < 0.01, 50 * x, x)
+        return x.bfloat16().cuda()
+
+    return make((b, s_q, h, 128)), make((b, s_kv, h_kv, 128)), make((b, s_kv, h_kv, 128))
+
+
+def _cuda(q, k, v, mask, **kw):
+    return kernels.attention_forward(
+        q, k, v, backend="cuda", recipe="current", qkv_format="bshd", attn_mask_type=mask, **kw
+    )
+
+
+def _triton(q, k, v, mask):
+    pytest.importorskip("triton", reason="the comparison needs the Triton backend")
+    return kernels.attention_forward(
+        q, k, v, backend="triton", recipe="current", qkv_format="bshd", attn_mask_type=mask
+    )
+
+
+def test_backend_is_available_here_but_not_selected():
+    assert kernels.backend_available("cuda")
+    assert kernels.select_backend() == "triton"  # not the default until it has been measured
+    assert kernels.head_dims("cuda") == (128,)
+
+
+# -------------------------------------------------------------------- exactness (headline)
+
+
+def _future(x, t, value):
+    """x with every position > t of every sample set to `value` (large finite)."""
+    y = x.clone()
+    y[:, t + 1 :] = value
+    return y
+
+
+@pytest.mark.parametrize("t", [0, 100, 127, 128, 255, 300, 511])
+@pytest.mark.parametrize("which", ["q", "k", "v", "qkv"])
+@pytest.mark.parametrize("value", [6e4, -BF16_MAX, BF16_MAX])
+def test_causal_future_changes_no_prefix_bit(t, which, value):
+    """Causal: positions > t (large finite values in Q, K and/or V) never change a bit of the
+    outputs or LSEs of rows <= t, on FP8 and boundary tiles alike."""
+    q, k, v = _inputs(1, 2, 640, 640, 4, 2)
+    base_out, base_lse = _cuda(q, k, v, "causal")
+    q2, k2, v2 = (_future(x, t, value) if name in which else x for name, x in zip("qkv", (q, k, v)))
+    out, lse = _cuda(q2, k2, v2, "causal")
+    assert torch.equal(out[:, : t + 1], base_out[:, : t + 1])
+    lse_rows = torch.arange(640, device=q.device).repeat(2) <= t  # [b * s] token-major
+    assert torch.equal(lse[:, lse_rows], base_lse[:, lse_rows])
+
+
+@pytest.mark.parametrize("t", [100, 300])
+def test_control_a_visible_change_is_seen(t):
+    """The negative control of the invariance tests: changing V at a position <= t (visible to
+    row t) must change row t."""
+    q, k, v = _inputs(2, 1, 512, 512, 2, 2, outliers=False)  # no weight underflows to 0
+    base, _ = _cuda(q, k, v, "causal")
+    v2 = v.clone()
+    v2[:, t] = 100.0
+    out, _ = _cuda(q, k, v2, "causal")
+    assert not torch.equal(out[:, t], base[:, t])
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_other_sample_changes_nothing(mask):
+    """Batch isolation: sample 1 (any finite values, V scales 2^100 apart) never reaches sample 0."""
+    q, k, v = _inputs(3, 2, 300, 300, 4, 2)
+    base_out, base_lse = _cuda(q, k, v, mask)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    q2[1], k2[1], v2[1] = -BF16_MAX, 1e30, 3e38
+    out, lse = _cuda(q2, k2, v2, mask)
+    assert torch.equal(out[0], base_out[0])
+    assert torch.equal(lse[:, :300], base_lse[:, :300])
+
+
+def test_calls_are_deterministic():
+    q, k, v = _inputs(4, 2, 700, 700, 4, 1)
+    a = _cuda(q, k, v, "causal")
+    b = _cuda(q, k, v, "causal")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# -------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_accuracy_against_fp64(mask, shape):
+    """The Triton kernel's bound (test_exact_fp8_attention.py::test_accuracy_against_fp64):
+    relative Frobenius error vs the unquantized fp64 reference <= 1.5x the error of the fork's
+    rules in fp64 ("fork-current", rules v2) + one bf16 ulp; LSE within 2^-8 relative of the
+    rules' LSE; rows that see nothing give 0 and -inf."""
+    q, k, v = _inputs(5, *shape)
+    out, lse = _cuda(q, k, v, mask)
+    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
+    truth = reference_attention("bf16", q_c, k_c, v_c, qkv_format="bshd", attn_mask_type=mask)
+    fork = reference_attention(
+        "fork-current", q_c, k_c, v_c, qkv_format="bshd", attn_mask_type=mask
+    )
+    err = rel_frobenius_error(out.cpu(), truth.out)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    finite = torch.isfinite(truth.lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(
+        lse.cpu()[finite].double(), fork.lse[finite], rtol=2.0**-8, atol=2.0**-6
+    )
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_agrees_with_the_triton_kernel(mask, shape):
+    """Both kernels apply the same rules (v2) in the same tile order; they differ in rounding
+    only (the Triton kernel splits boundary tiles into BOUNDARY_N sub-tiles, the online softmax
+    steps differ there, and the two compilers order the fp32 arithmetic differently). Stated
+    tolerance, on N(0, 1) inputs without outliers: ||cuda - triton|| / ||triton|| <= half the
+    rules' own error to the fp64 truth + one bf16 ulp; the LSEs (no V in them) agree within
+    2^-10 relative."""
+    q, k, v = _inputs(6, *shape, outliers=False)
+    out, lse = _cuda(q, k, v, mask)
+    out_t, lse_t = _triton(q, k, v, mask)
+    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
+    kw = dict(qkv_format="bshd", attn_mask_type=mask)
+    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
+    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    diff = rel_frobenius_error(out.cpu(), out_t.cpu())
+    bound = 0.5 * ref_err + 2.0**-8
+    assert diff <= bound, f"CUDA vs Triton {diff:.3e} > {bound:.3e} (rules' error {ref_err:.3e})"
+    finite = torch.isfinite(lse_t)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
+
+
+def test_no_keys_gives_zero_and_minus_inf():
+    q, _, _ = _inputs(7, 2, 130, 1, 2, 2)
+    k = torch.empty(2, 0, 2, 128, dtype=torch.bfloat16, device="cuda")
+    out, lse = _cuda(q, k, k.clone(), "no_mask")
+    assert not out.any() and torch.isneginf(lse).all()
+
+
+# -------------------------------------------------------------------- what is not supported
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
+        (dict(attn_mask_type="padding_causal"), "attn_mask_type 'padding_causal'"),
+        (dict(attn_mask_type="causal_bottom_right"), "attn_mask_type 'causal_bottom_right'"),
+        (dict(window_size=(64, 0)), r"window_size \(64, 0\)"),
+        (dict(fp8_v_everywhere=True), "fp8_v_everywhere"),
+        (dict(qkv_format="sbhd"), "qkv_format 'sbhd'"),
+    ],
+)
+def test_unsupported_calls_raise(change, match):
+    q, k, v = _inputs(8, 2, 128, 128, 2, 2)
+    kw = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal")
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        kernels.attention_forward(q, k, v, backend="cuda", **kw)
+
+
+def test_unsupported_dtype_and_head_dim_raise():
+    q, k, v = _inputs(9, 1, 128, 128, 2, 2)
+    with pytest.raises(ValueError, match="bf16 only"):
+        _cuda(q.half(), k.half(), v.half(), "causal")
+    with pytest.raises(ValueError, match="head dim 64"):
+        _cuda(q[..., :64], k[..., :64], v[..., :64], "causal")

@@ -1,0 +1,87 @@
+/*
+ * Tile shapes, shared-memory layouts and tiled MMAs of the sm90 mask-exact FP8 attention forward.
+ *
+ * One CTA owns one 128-row query tile of one (sample, head): two consumer warpgroups, 64 rows
+ * each, and thread 0 issuing the TMA loads. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT,
+ * the format's constants: Note [Mask-exact FP8 scaling]) stream through a 2-stage ring.
+ *
+ * Shared memory (d = 128):
+ *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
+ *   K8    [2 stages][128 keys, 128 d] E4M3, K-major SW128                  32 KiB
+ *   V     [2 stages] 32 KiB each, either
+ *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
+ *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    64 KiB
+ *   barriers                                                                 ~0
+ */
+#ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
+#define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/bfloat16.h>
+#include <cutlass/float8.h>
+
+namespace transformer_engine {
+namespace exact_fp8 {
+namespace sm90 {
+
+using namespace cute;
+
+constexpr int kQTile = 128;    // formats.Q_TILE
+constexpr int kKVTile = 128;   // formats.KV_TILE == formats.V_CHUNK_CURRENT
+constexpr int kHeadDim = 128;  // the one head dim of this step
+constexpr int kStages = 2;
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = kWarpgroups * 128;
+constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
+
+struct KernelTraits {
+  using Fp8 = cutlass::float_e4m3_t;
+  using Bf16 = cutlass::bfloat16_t;
+
+  using TileQK = Shape<Int<kQTile>, Int<kKVTile>, Int<kHeadDim>>;  // (M rows, N keys, K d)
+  using TilePV = Shape<Int<kQTile>, Int<kHeadDim>, Int<kKVTile>>;  // (M rows, N d, K keys)
+  using WarpgroupsM = Layout<Shape<Int<kWarpgroups>, _1, _1>>;     // 64 rows per warpgroup
+
+  // S = Q8 . K8^T: both operands from shared memory, K-major.
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Fp8, Fp8, float, Shape<_64, Int<kKVTile>, Int<kHeadDim>>>(),
+      WarpgroupsM{}));
+  // O += P8 . V8: P8 from registers, V8^T K-major in shared memory (an FP8 tile).
+  using MmaPV8 = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Fp8, Fp8, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>>(),
+      WarpgroupsM{}));
+  // O += P . V in bf16: P from registers, V MN-major (d contiguous) in shared memory.
+  using MmaPV16 = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      WarpgroupsM{}));
+
+  // [128, 128] E4M3, K-major (the contiguous mode second): Q8 (rows, d), K8 (keys, d),
+  // V8^T (d, keys).
+  using SmemLayoutFp8 =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{}, Shape<Int<128>, Int<128>>{}));
+  // [128 d, 128 keys] bf16, MN-major (d contiguous): V of a boundary tile. The 64 x 8 atoms
+  // are stacked along the keys first, so one TMA box is [64 d, 128 keys] (two per tile).
+  using SmemLayoutV16 = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Bf16>{},
+                                               Shape<Int<128>, Int<128>>{}, Step<_2, _1>{}));
+
+  static constexpr int kFp8TileBytes = 128 * 128;           // one Q8, K8 or V8^T tile
+  static constexpr int kV16TileBytes = 128 * 128 * 2;       // one bf16 V tile
+  static_assert(cosize_v<SmemLayoutFp8> == kFp8TileBytes, "E4M3 tile layout");
+  static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "bf16 tile layout");
+
+  struct SharedStorage {
+    alignas(1024) Fp8 q[kFp8TileBytes];
+    alignas(1024) Fp8 k[kStages][kFp8TileBytes];
+    alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first 16 KiB) or bf16 V
+    alignas(8) uint64_t bar_q;
+    alignas(8) uint64_t bar_full[kStages];
+  };
+};
+
+}  // namespace sm90
+}  // namespace exact_fp8
+}  // namespace transformer_engine
+
+#endif  // TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_

@@ -1,0 +1,143 @@
+/*
+ * C API of the sm90 mask-exact FP8 attention forward (exact_fp8_attention_sm90.h): argument
+ * checks, the TMA descriptors and the launch of kernel.h.
+ */
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernel.h"
+#include "transformer_engine/exact_fp8_attention_sm90.h"
+
+namespace transformer_engine {
+namespace exact_fp8 {
+namespace sm90 {
+namespace {
+
+thread_local std::string last_error;
+
+NVTEExactFP8Status fail(NVTEExactFP8Status status, const std::string &message) {
+  last_error = std::string("nvte_exact_fp8_attention_sm90_fwd: ") + message;
+  return status;
+}
+
+bool aligned16(const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+std::string check(const NVTEExactFP8AttentionSm90Args &a) {
+  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  if (a.batch < 1 || a.seqlen_q < 1 || a.seqlen_kv < 0 || a.heads < 1 || a.heads_kv < 1) {
+    return "batch, seqlen_q, heads and heads_kv must be >= 1 and seqlen_kv >= 0";
+  }
+  if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
+  if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
+  const int64_t limit = INT32_MAX;
+  if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > 65535) {
+    return "b * s and b * h out of range (b * s < 2^31, b * h <= 65535)";
+  }
+  if (!a.q8 || !a.q_scale || !a.k8 || !a.k_scale || !a.v8t || !a.v_scale || !a.cu_chunks ||
+      !a.cu_vt || !a.v || !a.out || !a.lse) {
+    return "a device pointer is null";
+  }
+  if (!aligned16(a.q8) || !aligned16(a.k8) || !aligned16(a.v8t) || !aligned16(a.v) ||
+      !aligned16(a.out)) {
+    return "q8, k8, v8t, v and out must be 16-byte aligned (TMA)";
+  }
+  return "";
+}
+
+}  // namespace
+
+NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
+  using Fp8 = KernelTraits::Fp8;
+  using Bf16 = KernelTraits::Bf16;
+  const int32_t b = static_cast<int32_t>(a.batch), h = static_cast<int32_t>(a.heads);
+  const int32_t h_kv = static_cast<int32_t>(a.heads_kv);
+  const int32_t s_q = static_cast<int32_t>(a.seqlen_q), s_kv = static_cast<int32_t>(a.seqlen_kv);
+  const int32_t t_q = b * s_q, t_kv = b * s_kv, width = static_cast<int32_t>(a.vt_width);
+  // A sample without keys still gets well-formed descriptors (of one zero-size-free tile);
+  // no tile of it is ever loaded.
+  const int32_t t_kv_desc = t_kv > 0 ? t_kv : 1, s_kv_desc = s_kv > 0 ? s_kv : 1;
+
+  KernelParams kp{};
+  AttentionParams &p = kp.p;
+  p.q_scale = a.q_scale;
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
+  p.cu_chunks = a.cu_chunks;
+  p.cu_vt = a.cu_vt;
+  p.out = a.out;
+  p.lse = a.lse;
+  p.batch = b;
+  p.seqlen_q = s_q;
+  p.seqlen_kv = s_kv;
+  p.heads = h;
+  p.heads_kv = h_kv;
+  p.num_chunks = static_cast<int>(a.num_chunks);
+  p.num_q_tiles = (s_q + kQTile - 1) / kQTile;
+  p.causal = a.causal != 0;
+  p.scale_log2 = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634);
+  kp.t_q = t_q;
+  kp.t_kv = t_kv;
+  kp.vt_width = width;
+
+  using G = GmemLayouts;
+  const int64_t d = kHeadDim;
+  // Q8 [h, t_q, d] as (t_q, d, h)
+  auto mQ = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.q8)),
+                        G::ShapeRows{t_q, kHeadDim, h}, G::StrideRows{d, _1{}, t_q * d});
+  // K8 [h_kv, t_kv, d] as (t_kv, d, h_kv)
+  auto mK = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.k8)),
+                        G::ShapeRows{t_kv_desc, kHeadDim, h_kv},
+                        G::StrideRows{d, _1{}, int64_t(t_kv_desc) * d});
+  // V8^T [h_kv, d, width] as (d, width, h_kv)
+  auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
+                         G::ShapeRows{kHeadDim, width, h_kv},
+                         G::StrideVt{int64_t(width), _1{}, d * width});
+  // V [b, s_kv, h_kv, d] bf16 as (d, s_kv, h_kv, b)
+  auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
+                        G::ShapeV{kHeadDim, s_kv_desc, h_kv, b},
+                        G::StrideV{_1{}, int64_t(h_kv) * d, d, int64_t(s_kv_desc) * h_kv * d});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, KernelTraits::SmemLayoutFp8{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, KernelTraits::SmemLayoutFp8{});
+  kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, KernelTraits::SmemLayoutFp8{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, KernelTraits::SmemLayoutV16{});
+
+  const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
+  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  const dim3 grid(p.num_q_tiles, b * h);
+  attention_fwd_kernel<<<grid, kThreads, smem, stream>>>(kp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  return NVTE_EXACT_FP8_SUCCESS;
+}
+
+}  // namespace sm90
+}  // namespace exact_fp8
+}  // namespace transformer_engine
+
+extern "C" {
+
+int nvte_exact_fp8_attention_sm90_built(void) { return 1; }
+
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd(const NVTEExactFP8AttentionSm90Args *args,
+                                                     cudaStream_t stream) {
+  namespace s = transformer_engine::exact_fp8::sm90;
+  if (args == nullptr) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, "args is null");
+  const std::string problem = s::check(*args);
+  if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
+  try {
+    return s::launch(*args, stream);
+  } catch (const std::exception &e) {  // none expected; never across the C boundary
+    return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, e.what());
+  }
+}
+
+const char *nvte_exact_fp8_attention_sm90_last_error(void) {
+  return transformer_engine::exact_fp8::sm90::last_error.c_str();
+}
+
+}  // extern "C"

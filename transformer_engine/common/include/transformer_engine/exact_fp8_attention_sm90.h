@@ -1,0 +1,72 @@
+/*
+ * Mask-exact FP8 attention forward for Hopper (sm_90a): plain C API over the CuTe kernel in
+ * transformer_engine/common/fused_attn/exact_fp8_attention_sm90/.
+ *
+ * First step of the kernel (docs/attention_kernel_sm90.md): bshd dense, d = 128, bf16 Q/K/V/O,
+ * current scaling (rules v2), causal (top-left) or no mask, MHA and GQA. The numerics are those
+ * of Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
+ * Q, K and V arrive quantized by the fork's quantization kernels (exact_fp8_quantize.h).
+ *
+ * The call enqueues its work on `stream` and returns at once: NVTE_EXACT_FP8_SUCCESS or an
+ * error code, described by nvte_exact_fp8_attention_sm90_last_error() (per host thread).
+ * No C++ exception crosses this interface.
+ */
+#ifndef TRANSFORMER_ENGINE_EXACT_FP8_ATTENTION_SM90_H_
+#define TRANSFORMER_ENGINE_EXACT_FP8_ATTENTION_SM90_H_
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "transformer_engine/exact_fp8_quantize.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Head dim of this build of the kernel. */
+#define NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM 128
+
+/*
+ * Device arrays of one forward call (all contiguous, row-major as the shapes read; t_q = batch *
+ * seqlen_q and t_kv = batch * seqlen_kv count tokens in (b, s) order).
+ */
+typedef struct {
+  const void *q8;          /* [heads, t_q, d] E4M3, Q per token (per_token_cast_to_fp8)       */
+  const float *q_scale;    /* [heads, t_q] fp32, scale_inv of one (token, head) of Q          */
+  const void *k8;          /* [heads_kv, t_kv, d] E4M3                                          */
+  const float *k_scale;    /* [heads_kv, t_kv] fp32, scale_inv of one (token, kv-head) of K   */
+  const void *v8t;         /* [heads_kv, d, vt_width] E4M3, V transposed (K-major for P.V)     */
+  const float *v_scale;    /* [heads_kv, num_chunks] fp32, scale_inv of one 128-token V chunk */
+  const int32_t *cu_chunks; /* [batch + 1] int32: sample n's first V chunk                     */
+  const int32_t *cu_vt;    /* [batch + 1] int32: V8^T column of sample n's first key (16 | it) */
+  const void *v;           /* [batch, seqlen_kv, heads_kv, d] bf16: unquantized V (boundary)  */
+  void *out;               /* [batch, seqlen_q, heads, d] bf16                                  */
+  float *lse;              /* [heads, t_q] fp32: natural log, -inf for a row that sees nothing */
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_kv;
+  int64_t heads;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int64_t vt_width;   /* columns of V8^T (a multiple of 16) */
+  int64_t num_chunks; /* columns of v_scale */
+  int32_t causal;     /* 1: causal (top-left), 0: no mask */
+  float softmax_scale;
+} NVTEExactFP8AttentionSm90Args;
+
+/* Whether this library was built with the sm_90a kernel (1) or without it (0). */
+int nvte_exact_fp8_attention_sm90_built(void);
+
+/* The forward: out and lse as the Triton kernel returns them (rows that see nothing: 0, -inf).
+ * Needs a device of compute capability 9.0. */
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd(const NVTEExactFP8AttentionSm90Args *args,
+                                                     cudaStream_t stream);
+
+/* The message of the last failed call of this thread. */
+const char *nvte_exact_fp8_attention_sm90_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRANSFORMER_ENGINE_EXACT_FP8_ATTENTION_SM90_H_ */

@@ -1,0 +1,8 @@
+"""The CUDA C++ backend of mask-exact FP8 attention: the Hopper (sm_90a) kernel of
+transformer_engine/common/fused_attn/exact_fp8_attention_sm90/ (CuTe: TMA + WGMMA FP8).
+
+  attention   the launcher: checks, Q/K/V quantization, the call into the extension
+
+First step of the kernel, not yet run on hardware: kernels.select_backend() never chooses it
+(docs/attention_kernel_sm90.md).
+"""

@@ -1,0 +1,188 @@
+"""Mask-exact FP8 attention forward on the sm_90a CUDA kernel: the launcher.
+
+    out, lse = exact_fp8_attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
+
+Same arguments and results as triton.attention.exact_fp8_attention_forward, for the subset the
+kernel implements so far (docs/attention_kernel_sm90.md): bshd, bf16, d = 128, current scaling,
+"causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises ValueError
+naming what is not supported; the Triton backend runs it.
+
+Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
+Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
+V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel
+takes Q quantized (it does not cast Q itself yet).
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .. import quantize
+from ..formats import V_CHUNK_CURRENT, check_recipe
+from ..masks import QKV_FORMATS, check_mask_type
+from ..vt_layout import ALIGN_COLUMNS, dense_column_starts
+
+__all__ = [
+    "HEAD_DIMS",
+    "MASK_TYPES",
+    "Operands",
+    "exact_fp8_attention_forward",
+    "extension_has_kernel",
+    "launch",
+    "quantize_operands",
+]
+
+HEAD_DIMS = (128,)
+MASK_TYPES = ("causal", "no_mask")
+_WINDOWS = {"causal": ((-1, 0), (-1, -1)), "no_mask": ((-1, -1),)}
+_SYMBOL = "attention_sm90_fwd"
+
+
+def extension_has_kernel() -> bool:
+    """Whether the extension was built with the sm_90a attention kernel."""
+    return quantize._ext is not None and hasattr(quantize._ext, _SYMBOL)
+
+
+def _unsupported(what: str) -> ValueError:
+    return ValueError(
+        f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd, bf16,"
+        f" d = {HEAD_DIMS[0]}, current scaling, {' / '.join(MASK_TYPES)}); use the Triton backend"
+    )
+
+
+def exact_fp8_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str,
+    qkv_format: str = "bshd",
+    attn_mask_type: str = "causal",
+    window_size: Optional[Tuple[int, int]] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_kv: Optional[torch.Tensor] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+    use_power_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+    fp8_v_everywhere: bool = False,
+    q_fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mask-exact FP8 attention forward on sm_90a. Returns (out, lse).
+
+    q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0), bf16, d = 128; out: q's shape,
+    bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
+    key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3, scale_inv [h, b * s_q] fp32).
+    max_seqlen_q / max_seqlen_kv are accepted for the common signature and not needed.
+    """
+    del max_seqlen_q, max_seqlen_kv
+    _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_everywhere)
+    if any(x is not None for x in (cu_seqlens_q, cu_seqlens_kv)):
+        raise _unsupported("cu_seqlens (padding masks)")
+    if any(x is not None for x in (cu_seqlens_q_padded, cu_seqlens_kv_padded)):
+        raise _unsupported("padded cu_seqlens")
+    batch, s_q, heads, d = q.shape
+    s_kv, heads_kv = k.shape[1], k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = d**-0.5
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(heads, batch * s_q, dtype=torch.float32, device=q.device)
+    if batch * s_q == 0:
+        return out, lse
+    if s_kv == 0:  # no key anywhere: every row sees nothing
+        return out.zero_(), lse.fill_(float("-inf"))
+    cast = dict(qkv_format="bshd", use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon)
+    operands = quantize_operands(q, k, v, q_fp8, **cast)
+    launch(operands, out, lse, attn_mask_type == "causal", softmax_scale)
+    return out, lse
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What the kernel reads (rules v2 of Note [Mask-exact FP8 scaling]; t_q = b * s_q)."""
+
+    q8: torch.Tensor  # [h, t_q, d] e4m3
+    q_scale: torch.Tensor  # [h, t_q] fp32, scale_inv of one (token, head) of Q
+    k8: torch.Tensor  # [h_kv, t_kv, d] e4m3
+    k_scale: torch.Tensor  # [h_kv, t_kv] fp32, scale_inv of one (token, kv-head) of K
+    v8t: torch.Tensor  # [h_kv, d, width] e4m3, V transposed (sample n from column cu_vt[n])
+    v_scale: torch.Tensor  # [h_kv, num_chunks] fp32, scale_inv of one 128-token V chunk
+    cu_chunks: torch.Tensor  # [b + 1] int32, sample n's first V chunk
+    cu_vt: torch.Tensor  # [b + 1] int32, V8^T column of sample n's first key
+    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16, contiguous: the boundary tiles' V
+
+
+def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
+    """Q, K and V through the fork's quantizers into the kernel's layouts (bshd inputs)."""
+    batch, s_kv = k.shape[0], k.shape[1]
+    q8, q_scale = _query_fp8(q, q_fp8, cast)
+    k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
+    aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n's first column on the 16-grid
+    v8t, v_scale, cu_chunks = quantize.per_chunk_cast_to_fp8_transposed(
+        v, chunk=V_CHUNK_CURRENT, aligned_columns=aligned, **cast
+    )
+    cu_vt = dense_column_starts(batch, s_kv, v.device, aligned)
+    return Operands(q8, q_scale, k8, k_scale.contiguous(), v8t, v_scale.contiguous(), cu_chunks,
+                    cu_vt, v.contiguous())  # fmt: skip
+
+
+def launch(ops: Operands, out: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale):
+    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q]."""
+    batch, s_q, heads, d = out.shape
+    s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
+    quantize._ext.attention_sm90_fwd(
+        ops.q8.data_ptr(), ops.q_scale.data_ptr(), ops.k8.data_ptr(), ops.k_scale.data_ptr(),
+        ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
+        ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
+        bool(causal), float(softmax_scale), torch.cuda.current_stream(out.device).cuda_stream,
+    )  # fmt: skip
+
+
+def _query_fp8(q, q_fp8, cast):
+    if q_fp8 is None:
+        return quantize.per_token_cast_to_fp8(q, **cast)
+    data, scale = (x.contiguous() for x in q_fp8)
+    t_q = q.shape[0] * q.shape[1]
+    if data.dtype != torch.float8_e4m3fn or tuple(data.shape) != (q.shape[2], t_q, q.shape[3]):
+        raise ValueError(f"q_fp8 data must be e4m3 [h, t_q, d] matching q, got {data.shape}")
+    if scale.dtype != torch.float32 or tuple(scale.shape) != (q.shape[2], t_q):
+        raise ValueError(f"q_fp8 scale_inv must be fp32 [h, t_q], got {scale.shape}")
+    return data, scale
+
+
+def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_everywhere):
+    check_recipe(recipe)
+    if qkv_format not in QKV_FORMATS:
+        raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
+    check_mask_type(attn_mask_type, window_size)
+    if recipe != "current":
+        raise _unsupported(f"recipe {recipe!r}")
+    if qkv_format != "bshd":
+        raise _unsupported(f"qkv_format {qkv_format!r}")
+    if attn_mask_type not in MASK_TYPES:
+        raise _unsupported(f"attn_mask_type {attn_mask_type!r}")
+    if window_size is not None and tuple(window_size) not in _WINDOWS[attn_mask_type]:
+        raise _unsupported(f"window_size {tuple(window_size)}")
+    if fp8_v_everywhere:
+        raise _unsupported("fp8_v_everywhere (the leaky benchmark mode)")
+    if any(x.dim() != 4 for x in (q, k, v)):
+        raise ValueError(f"bshd needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
+    if any(x.dtype != torch.bfloat16 for x in (q, k, v)):
+        raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 only)")
+    d = q.shape[-1]
+    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        raise _unsupported(f"head dim {d}")
+    if k.shape != v.shape or q.shape[-2] % k.shape[-2] or q.shape[0] != k.shape[0]:
+        raise ValueError(f"k, v must match and h_kv must divide h: {q.shape}, {k.shape}, {v.shape}")
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        raise ValueError("the sm90 CUDA attention kernel runs on CUDA tensors of an sm90 GPU")
+    if not extension_has_kernel():
+        raise ValueError(
+            "transformer_engine_exact_fp8 was built without the sm_90a attention kernel"
+            " (build with an sm_90 architecture: docs/building.md)"
+        )

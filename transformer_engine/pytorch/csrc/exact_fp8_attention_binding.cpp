@@ -1,0 +1,71 @@
+/*
+ * The attention functions of the Python module `transformer_engine_exact_fp8` (registered by
+ * exact_fp8_binding.cpp): the C API of exact_fp8_attention_sm90.h, when the module was built
+ * with the sm_90a kernel (NVTE_EXACT_FP8_WITH_SM90_ATTENTION). Without it the module has no
+ * `attention_sm90_fwd`, which is how Python tells (exact_fp8/kernels.py).
+ *
+ * Tensors travel as device pointers (Python ints), the stream as an int. A failed call raises
+ * ValueError (invalid argument) or RuntimeError (CUDA error) with the C API's message.
+ */
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
+#include "transformer_engine/exact_fp8_attention_sm90.h"
+#endif
+
+namespace py = pybind11;
+
+void register_exact_fp8_attention(py::module_ &m) {
+#ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
+  m.attr("ATTENTION_SM90_HEAD_DIM") = NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM;
+  m.def(
+      "attention_sm90_fwd",
+      [](uintptr_t q8, uintptr_t q_scale, uintptr_t k8, uintptr_t k_scale, uintptr_t v8t,
+         uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
+         uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
+         int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
+         float softmax_scale, uintptr_t stream) {
+        NVTEExactFP8AttentionSm90Args a{};
+        a.q8 = reinterpret_cast<const void *>(q8);
+        a.q_scale = reinterpret_cast<const float *>(q_scale);
+        a.k8 = reinterpret_cast<const void *>(k8);
+        a.k_scale = reinterpret_cast<const float *>(k_scale);
+        a.v8t = reinterpret_cast<const void *>(v8t);
+        a.v_scale = reinterpret_cast<const float *>(v_scale);
+        a.cu_chunks = reinterpret_cast<const int32_t *>(cu_chunks);
+        a.cu_vt = reinterpret_cast<const int32_t *>(cu_vt);
+        a.v = reinterpret_cast<const void *>(v);
+        a.out = reinterpret_cast<void *>(out);
+        a.lse = reinterpret_cast<float *>(lse);
+        a.batch = batch;
+        a.seqlen_q = seqlen_q;
+        a.seqlen_kv = seqlen_kv;
+        a.heads = heads;
+        a.heads_kv = heads_kv;
+        a.head_dim = head_dim;
+        a.vt_width = vt_width;
+        a.num_chunks = num_chunks;
+        a.causal = causal ? 1 : 0;
+        a.softmax_scale = softmax_scale;
+        const NVTEExactFP8Status status =
+            nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream));
+        if (status == NVTE_EXACT_FP8_SUCCESS) return;
+        const std::string message = nvte_exact_fp8_attention_sm90_last_error();
+        if (status == NVTE_EXACT_FP8_INVALID_ARGUMENT) throw py::value_error(message);
+        throw std::runtime_error(message);
+      },
+      py::arg("q8"), py::arg("q_scale"), py::arg("k8"), py::arg("k_scale"), py::arg("v8t"),
+      py::arg("v_scale"), py::arg("cu_chunks"), py::arg("cu_vt"), py::arg("v"), py::arg("out"),
+      py::arg("lse"), py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_kv"),
+      py::arg("heads"), py::arg("heads_kv"), py::arg("head_dim"), py::arg("vt_width"),
+      py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"), py::arg("stream"),
+      "Mask-exact FP8 attention forward on sm_90a (bshd, d = 128, bf16, current scaling): "
+      "out [b, s_q, h, d] bf16, lse [h, b * s_q] fp32. See exact_fp8_attention_sm90.h.");
+#else
+  (void)m;
+#endif
+}
