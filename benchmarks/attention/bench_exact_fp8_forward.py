@@ -438,13 +438,14 @@ def _speed_verdict(results):
     return "targets: " + "; ".join(out)
 
 
-def _environment():
+def environment() -> str:
+    """One line: date and time (UTC), GPU, versions, and whether the extension is built."""
     props = torch.cuda.get_device_properties(0)
     return (
-        f"date {datetime.date.today()}, {props.name} ({props.multi_processor_count} SMs), "
-        f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}, "
-        f"cuDNN {torch.backends.cudnn.version()}, quantization extension "
-        f"{'built' if quantize.extension_available() else 'not built (torch fallback)'}"
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}"
+        f" ({props.multi_processor_count} SMs), torch {torch.__version__}, triton"
+        f" {triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()},"
+        f" quantization extension {'built' if quantize.extension_available() else 'NOT built'}"
     )
 
 
@@ -456,7 +457,7 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    env = _environment()
+    env = environment()
     print(env)
     report = {"environment": env}
     texts = []

@@ -25,7 +25,6 @@ Writes DIR/v_scale_rules.md and DIR/v_scale_rules.json.
 """
 
 import argparse
-import datetime
 import importlib
 import importlib.util
 import json
@@ -42,11 +41,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_exact_fp8_forward import _query_rows, fp64_causal_rows  # noqa: E402
-
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
-    quantize,
+from bench_exact_fp8_forward import (  # noqa: E402
+    _query_rows,
+    environment,
+    fp64_causal_rows,
 )
+
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
     SeqLayout,
 )
@@ -377,16 +377,6 @@ def _speed_verdict(results, best_name):
 # ---------------------------------------------------------------------------- main
 
 
-def _environment():
-    props = torch.cuda.get_device_properties(0)
-    return (
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}"
-        f" ({props.multi_processor_count} SMs), torch {torch.__version__}, triton"
-        f" {triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()},"
-        f" quantization extension {'built' if quantize.extension_available() else 'NOT built'}"
-    )
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accuracy", action="store_true")
@@ -397,7 +387,7 @@ def main():
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     v1_attention = load_baseline(args.baseline) if args.baseline else None
-    report = {"environment": _environment(), "command": " ".join(sys.argv)}
+    report = {"environment": environment(), "command": " ".join(sys.argv)}
     texts = [f"# Rules v2 against v1\n\n{report['environment']}\n\ncommand: `{report['command']}`"]
     if args.accuracy:
         report["accuracy"] = accuracy(v1_attention)

@@ -117,7 +117,6 @@ def _accuracy_note(te, path: str, q, k, v, bf16_out: torch.Tensor) -> str:
     """Whether FP8 reached the output (bitwise != BF16) and the relative error against BF16."""
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
         rel_frobenius_error,
-        host_us_per_call,
     )
 
     out = _forward(te, path, q, k, v)()
@@ -169,6 +168,9 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
 def host_us_per_path(te, calls: int = 200) -> Dict[str, float]:
     """Host (CPU) microseconds per forward call of each path at HOST_SHAPE (testing's
     host_us_per_call: calls back to back, median of 3 repeats)."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+        host_us_per_call,
+    )
 
     q, k, v, _ = _inputs(*HOST_SHAPE)
     result = {}

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Tuple
 
