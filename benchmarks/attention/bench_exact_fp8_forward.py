@@ -308,7 +308,8 @@ def _entries(q, k, v):
     return entries
 
 
-def _round_robin(entries, rounds):
+def round_robin(entries, rounds):
+    """Median ms of each entry over `rounds` rounds, the order rotated every round."""
     times = {name: [] for name in entries}
     names = list(entries)
     for r in range(rounds):
@@ -365,7 +366,7 @@ def speed_table(out_dir: Path, rounds: int):
         slow = (
             {} if quantize.extension_available() else {n: entries.pop(n) for n in WITH_QUANTIZATION}
         )
-        ms = _round_robin(entries, rounds)
+        ms = round_robin(entries, rounds)
         ms.update({n: _wall_ms(fn) for n, fn in slow.items()})
         memory = {n: _peak_extra_mb(fn) for n, fn in entries.items() if n in MEMORY_ENTRIES}
         results[f"{b}x{h}x{s}"] = {"ms": ms, "peak_extra_mb": memory}

@@ -28,13 +28,11 @@ import argparse
 import importlib
 import importlib.util
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +43,7 @@ from bench_exact_fp8_forward import (  # noqa: E402
     _query_rows,
     environment,
     fp64_causal_rows,
+    round_robin,
 )
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
@@ -295,17 +294,6 @@ def _entries(q, k, v, v1_attention):
     return entries
 
 
-def _round_robin(entries, rounds):
-    times = {name: [] for name in entries}
-    names = list(entries)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(
-                triton.testing.do_bench(entries[name], warmup=10, rep=40, return_mode="median")
-            )
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def speed(v1_attention, rounds):
     results = {}
     for s in SPEED_SEQLENS:
@@ -316,7 +304,7 @@ def speed(v1_attention, rounds):
         entries = _entries(q, k, v, v1_attention)
         for fn in entries.values():  # compile, and catch failures before timing
             fn()
-        results[s] = _round_robin(entries, rounds)
+        results[s] = round_robin(entries, rounds)
         del q, k, v, entries
         torch.cuda.empty_cache()
     return results
