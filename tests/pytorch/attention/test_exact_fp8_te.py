@@ -619,19 +619,26 @@ def _delayed_scaling_linear():
     return te_recipes.DelayedScaling(fp8_dpa=True)
 
 
-def _module_prefix_change(kind, fuse_qkv_params=False, recipe=None):
+def _layer_prefix_change(run_layer):
+    """(max_abs, changed) of a layer's outputs at rows <= 190 when the rows after them turn to
+    garbage. run_layer(x [2, 384, 512]) builds a fresh layer and returns its output."""
     gen = torch.Generator(device="cuda").manual_seed(4)
     batch, s, cut = 2, 384, 190
     x = _rand(batch, s, 512, gen=gen)
     x_future = x.clone()
     x_future[:, cut + 1 :] = _garbage(x_future[:, cut + 1 :], gen)
-    outs = []
-    for inp in (x, x_future):
-        layer = _module(kind, seed=5, fuse_qkv_params=fuse_qkv_params).eval()  # a fresh DS state
-        with torch.no_grad(), te.autocast(enabled=True, recipe=recipe or _delayed_scaling_linear()):
-            outs.append(layer(inp).view(batch * s, 1, 512))
+    outs = [run_layer(inp).view(batch * s, 1, 512) for inp in (x, x_future)]
     keep = (torch.arange(s, device="cuda") <= cut).repeat(batch)
     return prefix_change(outs[0], outs[1], keep)
+
+
+def _module_prefix_change(kind, fuse_qkv_params=False, recipe=None):
+    def run_layer(inp):
+        layer = _module(kind, seed=5, fuse_qkv_params=fuse_qkv_params).eval()  # a fresh DS state
+        with torch.no_grad(), te.autocast(enabled=True, recipe=recipe or _delayed_scaling_linear()):
+            return layer(inp)
+
+    return _layer_prefix_change(run_layer)
 
 
 @pytest.mark.parametrize("switch", ["Float8CurrentScaling", "MXFP8BlockScaling"])
@@ -870,19 +877,14 @@ def _nested_prefix_change(linear_recipe):
     and its DotProductAttention under its own Float8CurrentScaling(fp8_dpa=True), as the example
     runs it (examples/gpt_fp8_causal.py, attention_under_recipe)."""
     example = _example()
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    batch, s, cut = 2, 384, 190
-    x = _rand(batch, s, 512, gen=gen)
-    x_future = x.clone()
-    x_future[:, cut + 1 :] = _garbage(x_future[:, cut + 1 :], gen)
-    outs = []
-    for inp in (x, x_future):
+
+    def run_layer(inp):
         layer = _module("TransformerLayer", seed=5).eval()
         example.attention_under_recipe(layer.self_attention.core_attention, _current())
         with torch.no_grad(), te.autocast(enabled=linear_recipe is not None, recipe=linear_recipe):
-            outs.append(layer(inp).view(batch * s, 1, 512))
-    keep = (torch.arange(s, device="cuda") <= cut).repeat(batch)
-    return prefix_change(outs[0], outs[1], keep)
+            return layer(inp)
+
+    return _layer_prefix_change(run_layer)
 
 
 def test_per_module_recipes_blockwise_linear_layers_are_causal(kernel_runs):
