@@ -5,6 +5,7 @@
 Causal bshd, bf16, b = 2, h = 16, d = 128, s = 4k, 8k, 16k (current scaling). Entries:
   "cuda"          the CUDA backend's forward, Q/K/V quantization included
   "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
+  "quantize"      the CUDA backend's Q, K and V quantization alone (what "cuda" adds)
   "triton"        the Triton backend's forward (K/V quantization included; Q cast in-kernel)
   "sdpa flash", "sdpa cudnn"  torch's BF16 scaled_dot_product_attention backends
 FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing: the
@@ -37,7 +38,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda i
 
 BATCH, HEADS, HEAD_DIM = 2, 16, 128
 SEQLENS = (4096, 8192, 16384)
-ENTRIES = ("cuda", "cuda kernel", "triton", "sdpa flash", "sdpa cudnn")
+ENTRIES = ("cuda", "cuda kernel", "quantize", "triton", "sdpa flash", "sdpa cudnn")
 
 
 def _time_ms(fn, warmup=5, calls=25) -> float:
@@ -62,6 +63,7 @@ def _entries(q, k, v):
     entries = {
         "cuda": lambda: kernels.attention_forward(q, k, v, backend="cuda", **kw),
         "cuda kernel": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5),
+        "quantize": lambda: cuda_attention.quantize_operands(q, k, v, qkv_format="bshd"),
     }
     if kernels.backend_available("triton"):
         entries["triton"] = lambda: kernels.attention_forward(q, k, v, backend="triton", **kw)

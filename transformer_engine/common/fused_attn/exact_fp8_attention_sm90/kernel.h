@@ -1,15 +1,24 @@
 /*
- * The sm90 mask-exact FP8 attention forward kernel (first step: no warp specialization).
+ * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
+ * ping-ponged, softmax overlapped with the next tile's Q.K^T inside each warpgroup.
  *
- * Grid: (query tiles, b * h), causal tiles longest first. Block: two warpgroups (256 threads),
- * 64 query rows each; thread 0 also issues the TMA loads. Per KV tile kt, boundary tiles first
- * (mainloop.h, KVTileRange), through a 2-stage ring:
- *   wait full[visit % 2] -> S = Q8 . K8^T (SS WGMMA, E4M3) -> scores in log2 units with the
- *   per-key K scale and the per-row Q scale -> online softmax (softmax.h) -> for an FP8 tile
- *   O = O * alpha * (u / s_kt) + P8 . V8 (a fresh RS WGMMA product, E4M3; P_SCALE in the
- *   exponent), for a boundary tile O = O * alpha * u, then O += P . V (RS WGMMA, bf16) -> all
- *   threads done: thread 0 reuses the stage for the tile two visits later.
- * Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
+ * Grid: (query tiles, b * h), causal tiles longest first. Block: three warpgroups (384 threads).
+ *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
+ *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
+ *     barriers; setmaxnreg gives its registers to the consumers.
+ *   warpgroups 1 and 2, the consumers: 64 query rows each. Visit v of the KV tiles (boundary
+ *     tiles first, mainloop.h KVTileRange) runs
+ *       issue S(v) = Q8 . K8(v)^T; issue O += P(v-1) . V(v-1)      (one turn, see below)
+ *       wait S(v) -> scores in log2 units with the per-key K scale and the per-row Q scale, the
+ *       element-wise mask on boundary tiles -> online softmax (softmax.h) -> wait P.V(v-1) ->
+ *       P(v) into the A operand of its P.V (E4M3 for an FP8 tile, bf16 for a boundary tile) ->
+ *       O *= alpha(v) * (u / s(v)), u <- s(v)     (Note [V scale in the rescale])
+ *     so the tensor cores run P.V(v-1) while the warpgroup does the softmax of S(v).
+ *     Turns: the two consumers take turns issuing their WGMMAs (named barriers kTurnBarrier + c),
+ *     so that one's softmax runs while the other's WGMMAs have the tensor cores.
+ * P.V of an FP8 tile accumulates in the WGMMA's accumulator (the unit change is the rescale
+ * before it). Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in the rescale]
+ * (exact_fp8/formats.py); docs/attention_kernel_sm90.md.
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
@@ -18,6 +27,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "epilogue.h"
 #include "kernel_traits.h"
@@ -28,6 +38,151 @@
 namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
+
+constexpr uint32_t kTurnBarrier = 1;  // named barriers 1, 2: the consumers' turns (0: syncthreads)
+
+// Waits for consumer c's turn to issue WGMMAs; passes it to the other consumer.
+CUTLASS_DEVICE void wait_turn(int c) {
+  cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + c);
+}
+CUTLASS_DEVICE void pass_turn(int c) {
+  cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + (1 - c));
+}
+
+// Every consumer warp arrives once: the stage's buffer may be refilled.
+CUTLASS_DEVICE void release(uint64_t *bar) {
+  if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(bar);
+}
+
+// One consumer warpgroup's whole share of a query tile: its 64 rows.
+struct Consumer {
+  using Traits = KernelTraits;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  AttentionParams const &p;
+  typename Traits::SharedStorage &ss;
+  int c;           // 0 or 1: which consumer warpgroup
+  int mma_thread;  // 0..255: the thread's index in the tiled MMAs
+  int batch, head, kv_head, q0;
+
+  CUTLASS_DEVICE void run(KVTileRange const &range) {
+    typename Traits::MmaQK mma_qk;
+    typename Traits::MmaPV8 mma_pv8;
+    typename Traits::MmaPV16 mma_pv16;
+    auto thr_qk = mma_qk.get_thread_slice(mma_thread);
+    auto thr_pv = mma_pv8.get_thread_slice(mma_thread);
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
+    Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
+    Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
+    // P's A operand: bf16 for a boundary tile, E4M3 (the first half of the registers) for an
+    // FP8 tile.
+    Tensor tOrP16 = make_tensor<typename Traits::Bf16>(
+        partition_shape_A(mma_pv16, Shape<Int<kQTile>, Int<kKVTile>>{}));
+    Tensor tOrP8 = make_tensor(
+        make_rmem_ptr(reinterpret_cast<typename Traits::Fp8 *>(raw_pointer_cast(tOrP16.data()))),
+        partition_shape_A(mma_pv8, Shape<Int<kQTile>, Int<kKVTile>>{}));
+    static_assert(decltype(size(tSrS))::value == 64 && decltype(size(tOrO))::value == 64);
+    clear(tOrO);
+
+    ScoreScales scales(p, tScS, batch, head, q0);
+    OnlineSoftmax softmax;
+    softmax.init();
+    float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
+    const float *v_scale =
+        p.v_scale + static_cast<int64_t>(kv_head) * p.num_chunks + p.cu_chunks[batch];
+
+    // Scores of KV tile kt (S ready in tSrS) -> online softmax -> P in tSrS; returns alpha.
+    auto softmax_step = [&](int stage, int kt, bool fp8_v, float (&alpha)[2]) {
+      scales.apply(tSrS, tScS, ss.k_scale[stage], kt, fp8_v);
+      release(&ss.bar_k_empty[stage]);  // K8 and its scales are consumed
+      softmax.step(tSrS, scales.row_scale, alpha);
+    };
+    auto p_to_operand = [&](bool fp8_v) {
+      if (fp8_v) {
+        p_to_fp8_operand(tSrS, tOrP8);
+      } else {
+        p_to_bf16_operand(tSrS, tOrP16);
+      }
+    };
+    // O *= alpha * (u / s(kt)), u <- s(kt): Note [V scale in the rescale].
+    auto rescale = [&](float const (&alpha)[2], bool fp8_v, int kt) {
+      const float s_kt = fp8_v ? v_scale[kt] : 1.0f;
+      const float ratio = fminf(u / s_kt, FLT_MAX);
+      u = s_kt;
+      const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
+#pragma unroll
+      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
+    };
+    // Issues O += P . V of the tile in `stage` (FP8 or boundary tile).
+    auto issue_pv = [&](int stage, bool fp8_v) {
+      if (fp8_v) {
+        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
+            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tOrO,
+            mma_thread);
+      } else {
+        issue_pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
+            mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tOrO,
+            mma_thread);
+      }
+    };
+
+    if (range.num_tiles == 0) {
+      store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+      return;
+    }
+    if (c == 1) pass_turn(c);  // consumer 0 issues first
+    Barrier::wait(&ss.bar_q, 0);
+
+    const int kt0 = range.tile(0);
+    bool fp8_prev = kt0 < range.num_fp8;  // the tile whose P.V is pending uses FP8 V
+    {  // visit 0: S(0) alone
+      Barrier::wait(&ss.bar_k_full[0], 0);
+      wait_turn(c);
+      issue_scores_gemm(mma_qk, tSrQ, ss.k[0], tSrS, mma_thread);
+      pass_turn(c);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      float alpha[2];
+      softmax_step(0, kt0, fp8_prev, alpha);
+      p_to_operand(fp8_prev);
+      u = fp8_prev ? v_scale[kt0] : 1.0f;  // O is 0: only its unit is set
+    }
+    for (int visit = 1; visit < range.num_tiles; ++visit) {
+      const int kt = range.tile(visit);
+      const bool fp8_v = kt < range.num_fp8;
+      const int stage = visit % kStages, stage_prev = (visit - 1) % kStages;
+      Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
+      wait_turn(c);
+      issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
+      Barrier::wait(&ss.bar_v_full[stage_prev], ((visit - 1) / kStages) & 1);
+      issue_pv(stage_prev, fp8_prev);
+      pass_turn(c);
+      warpgroup_wait<1>();  // S(v) is ready; P(v-1) . V(v-1) may still run
+      warpgroup_fence_operand(tSrS);
+      float alpha[2];
+      softmax_step(stage, kt, fp8_v, alpha);
+      warpgroup_wait<0>();  // P(v-1) . V(v-1) is done: its operands and O are free
+      warpgroup_fence_operand(tOrO);
+      release(&ss.bar_v_empty[stage_prev]);
+      p_to_operand(fp8_v);
+      rescale(alpha, fp8_v, kt);
+      fp8_prev = fp8_v;
+    }
+    {  // the last P.V
+      const int visit = range.num_tiles - 1, stage = visit % kStages;
+      Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
+      issue_pv(stage, fp8_prev);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      release(&ss.bar_v_empty[stage]);
+    }
+    if (c == 0) wait_turn(c);  // consumes consumer 1's last pass: every turn barrier ends empty
+    store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+  }
+};
 
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams const kp) {
@@ -40,136 +195,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
   AttentionParams const &p = kp.p;
 
-  const int thread = threadIdx.x;
+  const int warpgroup = threadIdx.x / 128;
   const int q_tile = p.causal ? p.num_q_tiles - 1 - blockIdx.x : blockIdx.x;
   const int batch = blockIdx.y / p.heads;
   const int head = blockIdx.y % p.heads;
   const int kv_head = head / (p.heads / p.heads_kv);
-  const int q0 = q_tile * kQTile;
   const KVTileRange range = kv_tile_range(p, q_tile);
 
-  if (thread == 0) {
+  if (threadIdx.x == 0) {
     Barrier::init(&ss.bar_q, 1);
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) Barrier::init(&ss.bar_full[s], 1);
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
+      Barrier::init(&ss.bar_v_full[s], 1);
+      Barrier::init(&ss.bar_k_empty[s], kConsumerWarps);
+      Barrier::init(&ss.bar_v_empty[s], kConsumerWarps);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  Producer producer{kp, ss, batch, kv_head, p.cu_vt[batch]};
-  if (thread == 0) {
-    producer.load_q(head, q_tile);
-    for (int visit = 0; visit < min(kStages, range.num_tiles); ++visit) {
-      producer.load_kv(visit, range.tile(visit), range.tile(visit) < range.num_fp8);
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (threadIdx.x < 32) {
+      Producer producer{kp, ss, batch, kv_head, p.cu_vt[batch]};
+      producer.run(head, q_tile, range);
     }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+    Consumer consumer{p, ss, warpgroup - 1, static_cast<int>(threadIdx.x) - 128, batch,
+                      head, kv_head, q_tile * kQTile};
+    consumer.run(range);
   }
-
-  typename Traits::MmaQK mma_qk;
-  typename Traits::MmaPV8 mma_pv8;
-  typename Traits::MmaPV16 mma_pv16;
-  auto thr_qk = mma_qk.get_thread_slice(thread);
-  auto thr_pv = mma_pv8.get_thread_slice(thread);
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
-  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
-  Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
-  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
-  Tensor tOrP8 = make_tensor<typename Traits::Fp8>(
-      partition_shape_A(mma_pv8, Shape<Int<kQTile>, Int<kKVTile>>{}));
-  Tensor tOrP16 = make_tensor<typename Traits::Bf16>(
-      partition_shape_A(mma_pv16, Shape<Int<kQTile>, Int<kKVTile>>{}));
-  static_assert(decltype(size(tSrS))::value == 64 && decltype(size(tOrO))::value == 64);
-  clear(tOrO);
-
-  // The per-row factor of the scores: q_scale * softmax_scale * log2(e) (0 for rows past s_q).
-  const int64_t t_q = static_cast<int64_t>(p.batch) * p.seqlen_q;
-  const int64_t t_kv = static_cast<int64_t>(p.batch) * p.seqlen_kv;
-  float row_scale[2];
-  int row[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = q0 + get<0>(tScS(2 * h));
-    row_scale[h] = row[h] < p.seqlen_q
-                       ? p.q_scale[head * t_q + static_cast<int64_t>(batch) * p.seqlen_q + row[h]] *
-                             p.scale_log2
-                       : 0.0f;
-  }
-  const float *k_scale = p.k_scale + kv_head * t_kv + static_cast<int64_t>(batch) * p.seqlen_kv;
-  const float *v_scale =
-      p.v_scale + static_cast<int64_t>(kv_head) * p.num_chunks + p.cu_chunks[batch];
-
-  OnlineSoftmax softmax;
-  softmax.init();
-  float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
-
-  Barrier::wait(&ss.bar_q, 0);
-  for (int visit = 0; visit < range.num_tiles; ++visit) {
-    const int kt = range.tile(visit);
-    const int stage = visit % kStages;
-    const bool fp8_v = kt < range.num_fp8;
-    const float s_kt = fp8_v ? v_scale[kt] : 1.0f;
-    Barrier::wait(&ss.bar_full[stage], (visit / kStages) & 1);
-    scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, thread);
-
-    // Per-key K scales of this thread's 32 columns, read while the WGMMA runs.
-    const int key0 = kt * kKVTile;
-    float ks[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int key = key0 + get<1>(tScS((i & 1) + 4 * (i >> 1)));  // value c + 4 j
-      ks[i] = key < p.seqlen_kv ? k_scale[key] : 0.0f;
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-
-    // Scores in log2 units; the element-wise mask on boundary tiles only.
-#pragma unroll
-    for (int v = 0; v < 64; ++v) {
-      const int h = (v >> 1) & 1;
-      const float t = tSrS(v) * ks[(v & 1) + 2 * (v >> 2)];
-      float s = t * row_scale[h];
-      if (!fp8_v) {
-        const int key = key0 + get<1>(tScS(v));
-        const bool visible = key < p.seqlen_kv && (!p.causal || key <= row[h]);
-        s = visible ? s : -INFINITY;
-      }
-      tSrS(v) = s;
-    }
-    float alpha[2];
-    softmax.step(tSrS, alpha);
-
-    // Note [V scale in the rescale]: acc <- acc * (alpha * (u / s_kt)) + P . V, u <- s_kt.
-    const float ratio = fminf(u / s_kt, FLT_MAX);
-    u = s_kt;
-    const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
-
-    if (fp8_v) {
-      // The FP8 tile's product is computed fresh, into the registers S no longer needs, and
-      // added to the rescaled acc in fp32 (the FP8 MMA accumulates at reduced precision; the
-      // Triton kernel does the same).
-      p_to_fp8_operand(tSrS, tOrP8);
-      pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
-          mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tSrS, thread,
-          /*fresh=*/true);
-#pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) = tOrO(v) * factor[(v >> 1) & 1] + tSrS(v);
-    } else {  // bf16 P . V accumulates in fp32 inside the MMA
-#pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
-      p_to_bf16_operand(tSrS, tOrP16);
-      pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
-          mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tOrO, thread,
-          /*fresh=*/false);
-    }
-    __syncthreads();  // every warpgroup is done with the stage
-    if (thread == 0 && visit + kStages < range.num_tiles) {
-      const int next = range.tile(visit + kStages);
-      producer.load_kv(visit + kStages, next, next < range.num_fp8);
-    }
-  }
-  store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
 #endif
 }
 

@@ -1,17 +1,20 @@
 /*
  * Tile shapes, shared-memory layouts and tiled MMAs of the sm90 mask-exact FP8 attention forward.
  *
- * One CTA owns one 128-row query tile of one (sample, head): two consumer warpgroups, 64 rows
- * each, and thread 0 issuing the TMA loads. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT,
- * the format's constants: Note [Mask-exact FP8 scaling]) stream through a 2-stage ring.
+ * One CTA owns one 128-row query tile of one (sample, head): a producer warpgroup (its first
+ * warp issues the TMA loads and stages the K scales; setmaxnreg gives its registers away) and two consumer warpgroups, 64 rows
+ * each. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT, the format's constants: Note
+ * [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with their own barriers so
+ * that a tile's Q.K^T starts before its V has arrived.
  *
  * Shared memory (d = 128):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
- *   K8    [2 stages][128 keys, 128 d] E4M3, K-major SW128                  32 KiB
- *   V     [2 stages] 32 KiB each, either
+ *   K8    [3 stages][128 keys, 128 d] E4M3, K-major SW128                  48 KiB
+ *   V     [3 stages] 32 KiB each, either
  *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
- *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    64 KiB
- *   barriers                                                                 ~0
+ *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    96 KiB
+ *   K scales [3 stages][128] fp32                                            1.5 KiB
+ *   barriers: Q; per stage K full / empty and V full / empty                  ~0
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
@@ -30,9 +33,14 @@ using namespace cute;
 constexpr int kQTile = 128;    // formats.Q_TILE
 constexpr int kKVTile = 128;   // formats.KV_TILE == formats.V_CHUNK_CURRENT
 constexpr int kHeadDim = 128;  // the one head dim of this step
-constexpr int kStages = 2;
-constexpr int kWarpgroups = 2;
-constexpr int kThreads = kWarpgroups * 128;
+constexpr int kStages = 3;
+constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
+constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
+constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
+constexpr int kProducerRegisters = 24;                  // setmaxnreg of the producer warpgroup
+constexpr int kConsumerRegisters = 240;                 // setmaxnreg of a consumer warpgroup
+constexpr int kConsumerWarps = kMmaThreads / 32;        // arrivals that release a stage
+constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 
 struct KernelTraits {
@@ -70,13 +78,18 @@ struct KernelTraits {
   static constexpr int kV16TileBytes = 128 * 128 * 2;       // one bf16 V tile
   static_assert(cosize_v<SmemLayoutFp8> == kFp8TileBytes, "E4M3 tile layout");
   static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "bf16 tile layout");
+  static_assert(kStages >= 2, "the ring overlaps the loads of the next tile");
 
   struct SharedStorage {
     alignas(1024) Fp8 q[kFp8TileBytes];
     alignas(1024) Fp8 k[kStages][kFp8TileBytes];
     alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first 16 KiB) or bf16 V
-    alignas(8) uint64_t bar_q;
-    alignas(8) uint64_t bar_full[kStages];
+    alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
+    alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
+    alignas(8) uint64_t bar_k_full[kStages];    // K8 of the stage arrived
+    alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived
+    alignas(8) uint64_t bar_k_empty[kStages];   // every consumer warp is done with the K8
+    alignas(8) uint64_t bar_v_empty[kStages];   // every consumer warp is done with the V
   };
 };
 

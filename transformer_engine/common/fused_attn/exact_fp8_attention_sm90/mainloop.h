@@ -1,6 +1,6 @@
 /*
- * Mainloop of the sm90 mask-exact FP8 attention forward: the TMA loads of the 2-stage KV ring
- * and the per-KV-tile work of the consumer warpgroups.
+ * Mainloop pieces of the sm90 mask-exact FP8 attention forward: which KV tiles a query tile
+ * visits, the producer's TMA loads of the KV ring, and the WGMMA issues of the consumers.
  *
  * Which KV tiles a query tile visits, and which of them use FP8 V (Note [Mask-exact FP8
  * scaling], masks.fp8_tile_map): with q0 the tile's first row and s_kv the keys of the sample,
@@ -83,14 +83,49 @@ struct KernelParams {
   int32_t vt_width;            // columns of V8^T
 };
 
-// The TMA side of the ring: issued by one thread.
+// The producer: the first warp of the producer warpgroup. Its lane 0 issues every TMA load of
+// the CTA; its 32 lanes copy each K tile's 128 K scales into shared memory (0 past s_kv) and
+// arrive on the tile's K barrier. Visit i of the KV tiles uses stage i % kStages; the stage is
+// refilled once all consumer warps released it (empty barriers), K and V separately.
 struct Producer {
   using Traits = KernelTraits;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
   KernelParams const &kp;
   typename Traits::SharedStorage &ss;
   int batch;
   int kv_head;
   int vt_col0;  // V8^T column of the sample's first key (cu_vt[b])
+
+  CUTLASS_DEVICE void run(int head, int q_tile, KVTileRange const &range) {
+    const int lane = threadIdx.x & 31;
+    const int64_t t_kv = static_cast<int64_t>(kp.p.batch) * kp.p.seqlen_kv;
+    // [s_kv] fp32: the K scales of the sample and kv-head
+    const float *k_scale = kp.p.k_scale + kv_head * t_kv + static_cast<int64_t>(batch) *
+                                                               kp.p.seqlen_kv;
+    if (lane == 0) load_q(head, q_tile);
+    // The K scales are loaded one visit ahead: their latency overlaps the waits on the ring.
+    float4 scales = range.num_tiles > 0 ? load_k_scales(k_scale, range.tile(0), lane) : float4{};
+    for (int visit = 0; visit < range.num_tiles; ++visit) {
+      const int kt = range.tile(visit);
+      const int stage = visit % kStages;
+      const int round = visit / kStages;  // the stage's use count before this one
+      if (round > 0) Barrier::wait(&ss.bar_k_empty[stage], (round - 1) & 1);
+      if (lane == 0) load_k(stage, kt);
+      *reinterpret_cast<float4 *>(&ss.k_scale[stage][4 * lane]) = scales;
+      cutlass::arch::ClusterBarrier::arrive(&ss.bar_k_full[stage]);  // release: the store above
+      if (visit + 1 < range.num_tiles) scales = load_k_scales(k_scale, range.tile(visit + 1), lane);
+      if (round > 0) Barrier::wait(&ss.bar_v_empty[stage], (round - 1) & 1);
+      if (lane == 0) load_v(stage, kt, kt < range.num_fp8);
+    }
+  }
+
+  // The K scales of keys 4 lane .. 4 lane + 3 of KV tile kt (0 past s_kv).
+  CUTLASS_DEVICE float4 load_k_scales(const float *k_scale, int kt, int lane) const {
+    const int key0 = kt * kKVTile + 4 * lane;
+    const int s_kv = kp.p.seqlen_kv;
+    return float4{key0 + 0 < s_kv ? k_scale[key0 + 0] : 0.0f, key0 + 1 < s_kv ? k_scale[key0 + 1] : 0.0f,
+                  key0 + 2 < s_kv ? k_scale[key0 + 2] : 0.0f, key0 + 3 < s_kv ? k_scale[key0 + 3] : 0.0f};
+  }
 
   CUTLASS_DEVICE void load_q(int head, int q_tile) {
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(kp.t_q, int32_t(kHeadDim), kp.p.heads));
@@ -99,19 +134,14 @@ struct Producer {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
     auto [tQg, tQs] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                     group_modes<0, 2>(gQ));
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_q,
-                                                                   Traits::kFp8TileBytes);
+    Barrier::arrive_and_expect_tx(&ss.bar_q, Traits::kFp8TileBytes);
     copy(kp.tma_q.with(ss.bar_q), tQg, tQs);
   }
 
-  // KV tile kt into the stage of visit `visit`.
-  CUTLASS_DEVICE void load_kv(int visit, int kt, bool fp8_v) {
-    const int stage = visit % kStages;
-    uint64_t &bar = ss.bar_full[stage];
-    const uint32_t bytes = Traits::kFp8TileBytes + (fp8_v ? Traits::kFp8TileBytes
-                                                          : Traits::kV16TileBytes);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bar, bytes);
-
+  // K8 of KV tile kt into `stage`.
+  CUTLASS_DEVICE void load_k(int stage, int kt) {
+    uint64_t &bar = ss.bar_k_full[stage];
+    Barrier::arrive_and_expect_tx(&bar, Traits::kFp8TileBytes);
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(kp.t_kv, int32_t(kHeadDim), kp.p.heads_kv));
     Tensor gK = local_tile(domain_offset(make_coord(batch * kp.p.seqlen_kv, 0), mK(_, _, kv_head)),
                            Shape<Int<kKVTile>, Int<kHeadDim>>{}, make_coord(kt, 0));
@@ -119,7 +149,12 @@ struct Producer {
     auto [tKg, tKs] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));
     copy(kp.tma_k.with(bar), tKg, tKs);
+  }
 
+  // V of KV tile kt into `stage`: V8^T for an FP8 tile, the unquantized V for a boundary tile.
+  CUTLASS_DEVICE void load_v(int stage, int kt, bool fp8_v) {
+    uint64_t &bar = ss.bar_v_full[stage];
+    Barrier::arrive_and_expect_tx(&bar, fp8_v ? Traits::kFp8TileBytes : Traits::kV16TileBytes);
     if (fp8_v) {
       Tensor mVt =
           kp.tma_vt.get_tma_tensor(make_shape(int32_t(kHeadDim), kp.vt_width, kp.p.heads_kv));
@@ -145,12 +180,13 @@ struct Producer {
   }
 };
 
-// S = Q8 . K8^T of one KV tile into the 64 x 128 fp32 fragment tSrS (zeroed first).
+// Issues S = Q8 . K8^T of one KV tile into the 64 x 128 fp32 fragment tSrS (zeroed first) as
+// one WGMMA batch; the caller waits for it (warpgroup_wait).
 template <class FragQ, class FragS>
-CUTLASS_DEVICE void scores_gemm(typename KernelTraits::MmaQK &mma, FragQ const &tSrQ,
-                                KernelTraits::Fp8 *smem_k, FragS &tSrS, int thread) {
+CUTLASS_DEVICE void issue_scores_gemm(typename KernelTraits::MmaQK &mma, FragQ const &tSrQ,
+                                      KernelTraits::Fp8 *smem_k, FragS &tSrS, int mma_thread) {
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename KernelTraits::SmemLayoutFp8{});
-  Tensor tSrK = mma.get_thread_slice(thread).partition_fragment_B(sK);
+  Tensor tSrK = mma.get_thread_slice(mma_thread).partition_fragment_B(sK);
   warpgroup_fence_operand(tSrS);
   warpgroup_arrive();
   mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -160,28 +196,24 @@ CUTLASS_DEVICE void scores_gemm(typename KernelTraits::MmaQK &mma, FragQ const &
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+  warpgroup_fence_operand(tSrS);
 }
 
-// tOrO (+)= P . V of one KV tile (A from registers): a fresh product with `fresh`, else added
-// to tOrO inside the MMA. Mma: MmaPV8 with V8^T, or MmaPV16 with V.
+// Issues tOrO += P . V of one KV tile (P from registers) as one WGMMA batch; the caller waits.
+// Mma: MmaPV8 with V8^T, or MmaPV16 with V (same accumulator layout).
 template <class Mma, class Layout_, class FragP, class FragO, class Element>
-CUTLASS_DEVICE void pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO, int thread,
-                            bool fresh) {
+CUTLASS_DEVICE void issue_pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO,
+                                  int mma_thread) {
   Tensor sV = make_tensor(make_smem_ptr(smem_v), Layout_{});
-  Tensor tOrV = mma.get_thread_slice(thread).partition_fragment_B(sV);
+  Tensor tOrV = mma.get_thread_slice(mma_thread).partition_fragment_B(sV);
   warpgroup_fence_operand(tOrO);
   warpgroup_fence_operand(tOrP);
   warpgroup_arrive();
-  mma.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  mma.accumulate_ = GMMA::ScaleOut::One;
 #pragma unroll
-  for (int k = 0; k < size<2>(tOrP); ++k) {
-    gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
+  for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
   warpgroup_fence_operand(tOrO);
-  warpgroup_fence_operand(tOrP);
 }
 
 }  // namespace sm90

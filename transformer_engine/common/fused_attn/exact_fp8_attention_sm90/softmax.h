@@ -3,9 +3,11 @@
  * register operand of the P.V WGMMA. Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in
  * the rescale] (exact_fp8/formats.py), as the Triton kernel implements them:
  *
- *   s = (Q8 . K8^T)[r, n] * k_scale[n] * (q_scale[r] * softmax_scale * log2(e))   (log2 units)
+ *   t = (Q8 . K8^T)[r, n] * k_scale[n],  s = t * row_scale[r]  (log2 units; row_scale =
+ *       q_scale[r] * softmax_scale * log2(e) > 0, so max_n s = row_scale * max_n t exactly)
  *   m' = max(m, max_n s),  m_ref = (m' == -inf ? 0 : m'),  alpha = exp2(m - m_ref)
- *   p = exp2(s - (m_ref - log2(P_SCALE)))      (P_SCALE * softmax numerator, <= P_SCALE)
+ *   p = exp2(t * row_scale - (m_ref - log2(P_SCALE)))   (one FFMA; P_SCALE * the softmax
+ *       numerator, <= P_SCALE up to the FFMA's rounding)
  *   l = l * alpha + sum_n p
  *
  * Accumulator fragments here are those of a 64 x N F32 WGMMA (cute's CLayout_64xN): thread
@@ -20,6 +22,7 @@
 #include <cute/tensor.hpp>
 
 #include "kernel_traits.h"
+#include "params.h"
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -35,12 +38,60 @@ CUTLASS_DEVICE float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-// 2^x on the MUFU unit (what the Triton kernel's tl.math.exp2 compiles to; subnormals kept).
+// 2^x on the MUFU unit, results below 2^-126 flushed to 0: such a p is below E4M3's and far
+// below a row sum's resolution (l >= 1 once the row's max is seen), so nothing is lost.
 CUTLASS_DEVICE float fast_exp2(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+
+// The column-scaled scores of one consumer warpgroup (Note [Mask-exact FP8 scaling]):
+//   t[r, n] = (Q8 . K8^T)[r, n] * k_scale[n],  -inf where a boundary tile's element-wise mask
+//   hides (r, n) (keys past s_kv, the causal diagonal); and of the thread's two rows
+//   row_scale[r] = q_scale[r] * softmax_scale * log2(e) > 0, which OnlineSoftmax folds into its
+//   exponent (1 for rows past s_q: they are computed and never stored).
+struct ScoreScales {
+  AttentionParams const &p;
+  float row_scale[2];  // of the thread's two rows
+  int row[2];          // their positions in the sample
+
+  template <class CoordS>
+  CUTLASS_DEVICE ScoreScales(AttentionParams const &p_, CoordS const &tScS, int batch, int head,
+                             int q0)
+      : p(p_) {
+    const int64_t t_q = static_cast<int64_t>(p.batch) * p.seqlen_q;
+    const float *q_scale = p.q_scale + head * t_q + static_cast<int64_t>(batch) * p.seqlen_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[h] = q0 + get<0>(tScS(2 * h));
+      row_scale[h] = row[h] < p.seqlen_q ? q_scale[row[h]] * p.scale_log2 : 1.0f;
+    }
+  }
+
+  // tSrS: the raw scores of KV tile kt -> t. k_scale: [128] fp32 in shared memory, the tile's
+  // K scales (0 past s_kv).
+  template <class FragS, class CoordS>
+  CUTLASS_DEVICE void apply(FragS &tSrS, CoordS const &tScS, float const *k_scale, int kt,
+                            bool fp8_v) const {
+    const int key0 = kt * kKVTile;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {  // values 4 j + {0, 1} (row h = 0) and + {2, 3} (h = 1)
+      const float2 ks = *reinterpret_cast<float2 const *>(k_scale + get<1>(tScS(4 * j)));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = 4 * j + i, h = i >> 1;
+        float t = tSrS(v) * ((i & 1) ? ks.y : ks.x);
+        if (!fp8_v) {
+          const int key = key0 + get<1>(tScS(v));
+          const bool visible = key < p.seqlen_kv && (!p.causal || key <= row[h]);
+          t = visible ? t : -INFINITY;
+        }
+        tSrS(v) = t;
+      }
+    }
+  }
+};
 
 // Row state of the online softmax for the two rows a thread owns.
 struct OnlineSoftmax {
@@ -55,29 +106,29 @@ struct OnlineSoftmax {
     }
   }
 
-  // s: the 64 scores of a 64 x 128 fragment in log2 units (-inf where masked); overwritten
-  // with p. Returns alpha of each row in `alpha`.
+  // t: the 64 column-scaled scores of a 64 x 128 fragment (-inf where masked), overwritten
+  // with p; row_scale: of the thread's two rows (ScoreScales). Returns alpha of each row.
   template <class Frag>
-  CUTLASS_DEVICE void step(Frag &s, float (&alpha)[2]) {
-    static_assert(decltype(size(s))::value == 64, "a 64 x 128 F32 accumulator fragment");
-    float m_new[2] = {m[0], m[1]};
+  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2]) {
+    static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
+    float t_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int v = 0; v < 64; ++v) m_new[(v >> 1) & 1] = fmaxf(m_new[(v >> 1) & 1], s(v));
+    for (int v = 0; v < 64; ++v) t_max[(v >> 1) & 1] = fmaxf(t_max[(v >> 1) & 1], t(v));
     float bias[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_new[h] = quad_max(m_new[h]);
-      const float m_ref = m_new[h] == -INFINITY ? 0.0f : m_new[h];
+      const float m_new = fmaxf(m[h], quad_max(t_max[h]) * row_scale[h]);
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
       alpha[h] = fast_exp2(m[h] - m_ref);
-      bias[h] = m_ref - kLog2PScale;
-      m[h] = m_new[h];
+      bias[h] = kLog2PScale - m_ref;
+      m[h] = m_new;
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int v = 0; v < 64; ++v) {
       const int h = (v >> 1) & 1;
-      s(v) = fast_exp2(s(v) - bias[h]);
-      sum[h] += s(v);
+      t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
+      sum[h] += t(v);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
