@@ -91,31 +91,7 @@ struct Consumer {
     OnlineSoftmax softmax;
     softmax.init();
     float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
-    const float *v_scale =
-        p.v_scale + static_cast<int64_t>(kv_head) * p.num_chunks + p.cu_chunks[batch];
 
-    // Scores of KV tile kt (S ready in tSrS) -> online softmax -> P in tSrS; returns alpha.
-    auto softmax_step = [&](int stage, int kt, bool fp8_v, float (&alpha)[2]) {
-      scales.apply(tSrS, tScS, ss.k_scale[stage], kt, fp8_v);
-      release(&ss.bar_k_empty[stage]);  // K8 and its scales are consumed
-      softmax.step(tSrS, scales.row_scale, alpha);
-    };
-    auto p_to_operand = [&](bool fp8_v) {
-      if (fp8_v) {
-        p_to_fp8_operand(tSrS, tOrP8);
-      } else {
-        p_to_bf16_operand(tSrS, tOrP16);
-      }
-    };
-    // O *= alpha * (u / s(kt)), u <- s(kt): Note [V scale in the rescale].
-    auto rescale = [&](float const (&alpha)[2], bool fp8_v, int kt) {
-      const float s_kt = fp8_v ? v_scale[kt] : 1.0f;
-      const float ratio = fminf(u / s_kt, FLT_MAX);
-      u = s_kt;
-      const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
-#pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
-    };
     // Issues O += P . V of the tile in `stage` (FP8 or boundary tile).
     auto issue_pv = [&](int stage, bool fp8_v) {
       if (fp8_v) {
@@ -128,17 +104,35 @@ struct Consumer {
             mma_thread);
       }
     };
-
-    if (range.num_tiles == 0) {
-      store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
-      return;
-    }
-    if (c == 1) pass_turn(c);  // consumer 0 issues first
-    Barrier::wait(&ss.bar_q, 0);
-
-    const int kt0 = range.tile(0);
-    bool fp8_prev = kt0 < range.num_fp8;  // the tile whose P.V is pending uses FP8 V
-    {  // visit 0: S(0) alone
+    // S(visit) ready in tSrS -> scores -> online softmax -> P(visit) in tSrS (the K stage is
+    // released on the way); returns the tile's V scale (1 for a boundary tile). The tile kind
+    // is a compile-time constant: the element-wise mask exists only in the boundary variant.
+    auto softmax_step = [&](int visit, auto boundary, float (&alpha)[2]) {
+      constexpr bool kBoundary = decltype(boundary)::value;
+      const int stage = visit % kStages;
+      scales.apply<kBoundary>(tSrS, tScS, ss.k_scale[stage], range.tile(visit));
+      const float s_kt = kBoundary ? 1.0f : ss.v_scale[stage];
+      release(&ss.bar_k_empty[stage]);  // K8 and its scales are consumed
+      softmax.step(tSrS, scales.row_scale, alpha);
+      return s_kt;
+    };
+    auto p_to_operand = [&](auto boundary) {
+      if constexpr (decltype(boundary)::value) {
+        p_to_bf16_operand(tSrS, tOrP16);
+      } else {
+        p_to_fp8_operand(tSrS, tOrP8);
+      }
+    };
+    // O *= alpha * (u / s_kt), u <- s_kt: Note [V scale in the rescale].
+    auto rescale = [&](float const (&alpha)[2], float s_kt) {
+      const float ratio = fminf(u / s_kt, FLT_MAX);
+      u = s_kt;
+      const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
+#pragma unroll
+      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
+    };
+    // Visit 0: S(0) alone.
+    auto first_visit = [&](auto boundary) {
       Barrier::wait(&ss.bar_k_full[0], 0);
       wait_turn(c);
       issue_scores_gemm(mma_qk, tSrQ, ss.k[0], tSrS, mma_thread);
@@ -146,13 +140,11 @@ struct Consumer {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
-      softmax_step(0, kt0, fp8_prev, alpha);
-      p_to_operand(fp8_prev);
-      u = fp8_prev ? v_scale[kt0] : 1.0f;  // O is 0: only its unit is set
-    }
-    for (int visit = 1; visit < range.num_tiles; ++visit) {
-      const int kt = range.tile(visit);
-      const bool fp8_v = kt < range.num_fp8;
+      u = softmax_step(0, boundary, alpha);  // O is 0: only its unit is set
+      p_to_operand(boundary);
+    };
+    // Visit v >= 1: S(v) and P.V(v-1) issued in one turn, softmax(v) while P.V(v-1) runs.
+    auto visit_step = [&](int visit, auto boundary, bool fp8_prev) {
       const int stage = visit % kStages, stage_prev = (visit - 1) % kStages;
       Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
       wait_turn(c);
@@ -163,18 +155,38 @@ struct Consumer {
       warpgroup_wait<1>();  // S(v) is ready; P(v-1) . V(v-1) may still run
       warpgroup_fence_operand(tSrS);
       float alpha[2];
-      softmax_step(stage, kt, fp8_v, alpha);
+      const float s_kt = softmax_step(visit, boundary, alpha);
       warpgroup_wait<0>();  // P(v-1) . V(v-1) is done: its operands and O are free
       warpgroup_fence_operand(tOrO);
       release(&ss.bar_v_empty[stage_prev]);
-      p_to_operand(fp8_v);
-      rescale(alpha, fp8_v, kt);
-      fp8_prev = fp8_v;
+      p_to_operand(boundary);
+      rescale(alpha, s_kt);
+    };
+
+    if (range.num_tiles == 0) {
+      store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+      return;
+    }
+    if (c == 1) pass_turn(c);  // consumer 0 issues first
+    Barrier::wait(&ss.bar_q, 0);
+
+    // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
+    const int num_boundary = range.num_tiles - range.num_fp8;
+    if (num_boundary > 0) {
+      first_visit(cute::true_type{});
+    } else {
+      first_visit(cute::false_type{});
+    }
+    for (int visit = 1; visit < num_boundary; ++visit) {
+      visit_step(visit, cute::true_type{}, /*fp8_prev=*/false);
+    }
+    for (int visit = max(num_boundary, 1); visit < range.num_tiles; ++visit) {
+      visit_step(visit, cute::false_type{}, /*fp8_prev=*/visit > num_boundary);
     }
     {  // the last P.V
       const int visit = range.num_tiles - 1, stage = visit % kStages;
       Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
-      issue_pv(stage, fp8_prev);
+      issue_pv(stage, /*fp8_v=*/visit >= num_boundary);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       release(&ss.bar_v_empty[stage]);

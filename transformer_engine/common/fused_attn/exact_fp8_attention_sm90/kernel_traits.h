@@ -85,6 +85,7 @@ struct KernelTraits {
     alignas(1024) Fp8 k[kStages][kFp8TileBytes];
     alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first 16 KiB) or bf16 V
     alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
+    float v_scale[kStages];                            // per stage: the V chunk's scale (FP8 tile)
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
     alignas(8) uint64_t bar_k_full[kStages];    // K8 of the stage arrived
     alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived

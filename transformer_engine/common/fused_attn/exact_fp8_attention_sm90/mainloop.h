@@ -84,8 +84,8 @@ struct KernelParams {
 };
 
 // The producer: the first warp of the producer warpgroup. Its lane 0 issues every TMA load of
-// the CTA; its 32 lanes copy each K tile's 128 K scales into shared memory (0 past s_kv) and
-// arrive on the tile's K barrier. Visit i of the KV tiles uses stage i % kStages; the stage is
+// the CTA; its 32 lanes copy each K tile's 128 K scales (0 past s_kv) and the tile's V chunk
+// scale into shared memory and arrive on the tile's K barrier. Visit i of the KV tiles uses stage i % kStages; the stage is
 // refilled once all consumer warps released it (empty barriers), K and V separately.
 struct Producer {
   using Traits = KernelTraits;
@@ -103,8 +103,12 @@ struct Producer {
     const float *k_scale = kp.p.k_scale + kv_head * t_kv + static_cast<int64_t>(batch) *
                                                                kp.p.seqlen_kv;
     if (lane == 0) load_q(head, q_tile);
-    // The K scales are loaded one visit ahead: their latency overlaps the waits on the ring.
+    // [num_chunks of the sample] fp32: the V scales of the sample and kv-head
+    const float *v_scale =
+        kp.p.v_scale + static_cast<int64_t>(kv_head) * kp.p.num_chunks + kp.p.cu_chunks[batch];
+    // The K and V scales are loaded one visit ahead: their latency overlaps the ring's waits.
     float4 scales = range.num_tiles > 0 ? load_k_scales(k_scale, range.tile(0), lane) : float4{};
+    float chunk_scale = range.num_tiles > 0 ? v_scale[range.tile(0)] : 1.0f;
     for (int visit = 0; visit < range.num_tiles; ++visit) {
       const int kt = range.tile(visit);
       const int stage = visit % kStages;
@@ -112,8 +116,12 @@ struct Producer {
       if (round > 0) Barrier::wait(&ss.bar_k_empty[stage], (round - 1) & 1);
       if (lane == 0) load_k(stage, kt);
       *reinterpret_cast<float4 *>(&ss.k_scale[stage][4 * lane]) = scales;
-      cutlass::arch::ClusterBarrier::arrive(&ss.bar_k_full[stage]);  // release: the store above
-      if (visit + 1 < range.num_tiles) scales = load_k_scales(k_scale, range.tile(visit + 1), lane);
+      if (lane == 0) ss.v_scale[stage] = kt < range.num_fp8 ? chunk_scale : 1.0f;
+      cutlass::arch::ClusterBarrier::arrive(&ss.bar_k_full[stage]);  // release: the stores above
+      if (visit + 1 < range.num_tiles) {
+        scales = load_k_scales(k_scale, range.tile(visit + 1), lane);
+        chunk_scale = v_scale[range.tile(visit + 1)];  // read, used only for an FP8 tile
+      }
       if (round > 0) Barrier::wait(&ss.bar_v_empty[stage], (round - 1) & 1);
       if (lane == 0) load_v(stage, kt, kt < range.num_fp8);
     }

@@ -69,11 +69,11 @@ struct ScoreScales {
     }
   }
 
-  // tSrS: the raw scores of KV tile kt -> t. k_scale: [128] fp32 in shared memory, the tile's
-  // K scales (0 past s_kv).
-  template <class FragS, class CoordS>
-  CUTLASS_DEVICE void apply(FragS &tSrS, CoordS const &tScS, float const *k_scale, int kt,
-                            bool fp8_v) const {
+  // tSrS: the raw scores of KV tile kt -> t, with the element-wise mask if kBoundary.
+  // k_scale: [128] fp32 in shared memory, the tile's K scales (0 past s_kv).
+  template <bool kBoundary, class FragS, class CoordS>
+  CUTLASS_DEVICE void apply(FragS &tSrS, CoordS const &tScS, float const *k_scale,
+                            int kt) const {
     const int key0 = kt * kKVTile;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {  // values 4 j + {0, 1} (row h = 0) and + {2, 3} (h = 1)
@@ -82,7 +82,7 @@ struct ScoreScales {
       for (int i = 0; i < 4; ++i) {
         const int v = 4 * j + i, h = i >> 1;
         float t = tSrS(v) * ((i & 1) ? ks.y : ks.x);
-        if (!fp8_v) {
+        if constexpr (kBoundary) {
           const int key = key0 + get<1>(tScS(v));
           const bool visible = key < p.seqlen_kv && (!p.causal || key <= row[h]);
           t = visible ? t : -INFINITY;
