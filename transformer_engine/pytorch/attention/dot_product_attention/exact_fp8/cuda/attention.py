@@ -31,6 +31,7 @@ __all__ = [
     "extension_has_kernel",
     "launch",
     "quantize_operands",
+    "unsupported_reason",
 ]
 
 HEAD_DIMS = (128,)
@@ -86,7 +87,7 @@ def exact_fp8_attention_forward(
     if any(x is not None for x in (cu_seqlens_q_padded, cu_seqlens_kv_padded)):
         raise _unsupported("padded cu_seqlens")
     batch, s_q, heads, d = q.shape
-    s_kv, heads_kv = k.shape[1], k.shape[2]
+    s_kv = k.shape[1]
     if softmax_scale is None:
         softmax_scale = d**-0.5
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -99,6 +100,23 @@ def exact_fp8_attention_forward(
     operands = quantize_operands(q, k, v, q_fp8, **cast)
     launch(operands, out, lse, attn_mask_type == "causal", softmax_scale)
     return out, lse
+
+
+def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
+    """Why the kernel does not run this call (exact_fp8_attention_forward's arguments), or None.
+    Checks only; an argument error of the call is left to the backend that runs it."""
+    if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
+        return "cu_seqlens (padding masks and thd) are not supported yet"
+    try:
+        _check(q, k, v, kwargs.get("recipe"), kwargs.get("qkv_format", "bshd"),
+               kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"),
+               kwargs.get("fp8_v_everywhere", False))  # fmt: skip
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
 
 @dataclass(frozen=True)

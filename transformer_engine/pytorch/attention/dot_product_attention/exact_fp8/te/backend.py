@@ -201,7 +201,7 @@ class Dispatch:
             cu_seqlens_kv_padded=cu_seqlens_kv_padded,
         )
         out = MaskExactFP8AttentionFunc.apply(q, k, v, call)
-        status.record_run(kernels.select_backend(), self.recipe, self.logger or _LOGGER)
+        status.record_run(kernels.last_backend(), self.recipe, self.logger or _LOGGER)
         return out.view(*out.shape[:-2], -1)
 
 
@@ -334,11 +334,12 @@ def _compute_capability(device: int) -> Tuple[int, int]:
 
 def _device_support() -> dict:
     """unsupported_reason's keyword arguments that describe this machine and process."""
-    backend = kernels.select_backend()
-    triton_available = kernels.backend_available(backend)
+    # The Triton kernel runs every configuration the fork supports; the CUDA kernel a subset
+    # (kernels.choose_backend), so the Triton backend's needs decide.
+    triton_available = kernels.backend_available("triton")
     return dict(
         compute_capability=_compute_capability(torch.cuda.current_device()),
-        head_dims=kernels.head_dims(backend) if triton_available else (),
+        head_dims=kernels.head_dims("triton") if triton_available else (),
         triton_available=triton_available,
         onnx_export=_onnx_export(),
         extension_available=quantize.extension_available(),
