@@ -55,10 +55,12 @@ class KVPayload:
     def nbytes(self) -> int:
         return sum(x.numel() * x.element_size() for x in self.wire())
 
-    def received(self, tensors: List[torch.Tensor]) -> "KVPayload":
-        """The payload a neighbour rebuilds from `tensors` (this payload's wire(), received)."""
+    def received(self, tensors: List[torch.Tensor], rank: Optional[int] = None) -> "KVPayload":
+        """The payload a neighbour rebuilds from `tensors` (a wire() of rank `rank`, default
+        this payload's; this payload serves as the template of shapes and offsets)."""
         k8, ks, v8t, vs = tensors
-        return replace(self, k_fp8=(k8, ks), v_fp8=(v8t, vs) + self.v_fp8[2:], v=None)
+        rank = self.rank if rank is None else rank
+        return replace(self, rank=rank, k_fp8=(k8, ks), v_fp8=(v8t, vs) + self.v_fp8[2:], v=None)
 
     def dequantize(self, dtype=torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
         """(K, V8) dequantized, token-major [t, h_kv, d] over the flattened (b, s) axis, on the
