@@ -160,6 +160,8 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     assert "qkv_format 'sbhd'" in reasons["format"]
     assert "attn_mask_type 'padding'" in reasons["mask"]
     assert "bf16 only" in reasons["dtype"]
+    kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
+    assert "argument(s) kv_fp8" in kv
     cu = torch.tensor([0, 4], dtype=torch.int32)
     assert "cu_seqlens" in attention.unsupported_reason(q, q, q, recipe="current", cu_seqlens_q=cu)
 

@@ -13,6 +13,7 @@ V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk)
 takes Q quantized (it does not cast Q itself yet).
 """
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -105,6 +106,9 @@ def exact_fp8_attention_forward(
 def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
     """Why the kernel does not run this call (exact_fp8_attention_forward's arguments), or None.
     Checks only; an argument error of the call is left to the backend that runs it."""
+    unknown = sorted(n for n, x in kwargs.items() if n not in _PARAMETERS and x is not None)
+    if unknown:
+        return f"argument(s) {', '.join(unknown)}"
     if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
         return "cu_seqlens (padding masks and thd) are not supported yet"
     try:
@@ -117,6 +121,7 @@ def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
 
 
 _CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+_PARAMETERS = frozenset(inspect.signature(exact_fp8_attention_forward).parameters)
 
 
 @dataclass(frozen=True)
