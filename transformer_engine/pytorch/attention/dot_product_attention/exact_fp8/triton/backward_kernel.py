@@ -92,14 +92,29 @@ def _load_fp8_rows(X8, XS, tok, ok, HEAD_DIM: tl.constexpr, RECIPE_MX: tl.conste
 def _dequantize(data, scale, dtype: tl.constexpr, RECIPE_MX: tl.constexpr):
     """The dequantized operand (data * scale) rounded to the 16-bit dtype of the MMAs: one
     tensor [R, D] for current scaling, a tuple of [R, 32] blocks for MXFP8 (exact there: an
-    E4M3 value times a power of two, unless it falls under the dtype's subnormals)."""
+    E4M3 value times a power of two, unless it falls under the dtype's subnormals).
+
+    Saturated to the dtype's finite range (NaN kept): an MXFP8 block scale rounds up to a power
+    of two, so a dequantized element can reach twice its block's amax (65504 in fp16 is
+    256 * 2^8 = 65536 after the round trip; near BF16's max, 2^128), and an infinite operand
+    would turn the exact zeros of hidden positions into 0 * inf = NaN in the MMA."""
     if RECIPE_MX:
         out = ()
         for g in tl.static_range(len(data)):
-            out = out + ((data[g].to(tl.float32) * scale[g][:, None]).to(dtype),)
+            out = out + (_saturate(data[g].to(tl.float32) * scale[g][:, None], dtype),)
         return out
     else:
-        return (data.to(tl.float32) * scale[:, None]).to(dtype)
+        return _saturate(data.to(tl.float32) * scale[:, None], dtype)
+
+
+@triton.jit
+def _saturate(x, dtype: tl.constexpr):
+    """fp32 -> dtype, saturating to its largest finite value (NaN stays NaN)."""
+    if dtype == tl.float16:
+        big = 65504.0
+    else:
+        big = 3.3895313892515355e38  # the largest finite bfloat16
+    return tl.clamp(x, -big, big, propagate_nan=tl.PropagateNan.ALL).to(dtype)
 
 
 @triton.jit
