@@ -2,7 +2,7 @@
 child pytest process with TRITON_INTERPRET=1, and the NumPy 2.4 fix of Triton 3.6's interpreter.
 
 Triton chooses the interpreter when a kernel is defined, so the cases run in a child process
-(another module of the same session may hold the compiled kernels).
+(another test module of the same pytest run may hold the compiled kernels).
 """
 
 import os
