@@ -1,5 +1,6 @@
 """The package's layout (docs/architecture.md): the production path loads no oracle or audit
-module, old module paths are gone, and kernels.attention_forward is the one kernel entry point."""
+module, old module paths are gone, and kernels.attention_forward / attention_backward are the
+kernel entry points."""
 
 import json
 import subprocess
@@ -41,8 +42,8 @@ def test_production_path_imports_no_oracle_and_no_audit():
 
 def test_triton_backend_imports_no_oracle():
     pytest.importorskip("triton", reason="the Triton backend needs Triton")
-    loaded = _loaded_after_import(["triton.attention", "triton.qk_roundtrip"])
-    assert "triton.attention_kernel" in loaded
+    loaded = _loaded_after_import(["triton.attention", "triton.backward"])
+    assert "triton.attention_kernel" in loaded and "triton.backward_kernel" in loaded
     assert _oracle_or_tool(loaded) == []
 
 
@@ -60,7 +61,7 @@ def test_quantize_cpu_fallback_is_the_one_route_into_the_reference():
     "old",
     ["attention", "attention_kernel", "kernel_masking", "kernel_scaling", "qk_roundtrip", "backend"]
     + ["autograd", "te_recipe", "quantize_reference", "reference_attention", "audit_te"]
-    + ["audit_plot", "scenarios"],
+    + ["audit_plot", "scenarios", "triton.qk_roundtrip"],
 )
 def test_old_module_paths_are_gone(old):
     with pytest.raises(ModuleNotFoundError):
@@ -90,6 +91,24 @@ def test_attention_forward_runs_the_selected_backends_launcher(monkeypatch):
     q = torch.zeros(1, 2, 1, 64)
     out, _ = kernels.attention_forward(q, q, q, recipe="current", attn_mask_type="causal")
     assert out is q and calls == [dict(recipe="current", attn_mask_type="causal")]
+
+
+def test_attention_backward_runs_the_triton_backward(monkeypatch):
+    pytest.importorskip("triton", reason="the Triton backend needs Triton")
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
+        backward as launcher,
+    )
+
+    calls = []
+
+    def fake(q, k, v, out, d_out, lse, **kwargs):
+        calls.append(kwargs)
+        return q, k, v
+
+    monkeypatch.setattr(launcher, "exact_fp8_attention_backward", fake)
+    q = torch.zeros(1, 2, 1, 64)
+    grads = kernels.attention_backward(q, q, q, q, q, torch.zeros(1, 2), recipe="mxfp8")
+    assert grads == (q, q, q) and calls == [dict(recipe="mxfp8")]
 
 
 def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):

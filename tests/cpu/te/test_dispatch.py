@@ -1,6 +1,7 @@
 """TE integration of mask-exact FP8 attention, the parts that run without TE's core library:
 the dispatch decision table, the recipe functions (against the patched upstream recipe classes),
-the backward's inputs (cuDNN softmax-stats layouts, dequantized Q/K) and the recompute backward.
+the backward's estimate on the reference rules (fp64), and dispatch through autograd with the
+kernels replaced by the reference.
 
 The GPU side (DotProductAttention, MultiheadAttention, TransformerLayer with upstream TE) is
 tests/pytorch/attention/test_exact_fp8_te.py.
@@ -9,7 +10,6 @@ tests/pytorch/attention/test_exact_fp8_te.py.
 import dataclasses
 import importlib.util
 import logging
-import math
 import py_compile
 import sys
 
@@ -22,32 +22,25 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te imp
     selection,
     status,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.autograd import (
-    AttentionCall,
-    lse_to_softmax_stats,
-    recompute_backward,
-)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.backend import (
     check_request,
     qkv_formats,
     unsupported_reason,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
-    SeqLayout,
     allowed_positions,
+    from_tokens,
     sequence_masks,
     to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.quantize import (
-    fp8_roundtrip,
-    dequantize,
-    dequantize_mxfp8_rowwise,
-    per_block_cast_to_mxfp8_rowwise,
-    per_token_cast_to_fp8,
-)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     QuantConfig,
+    dequantized_operands,
     reference_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.backward import (
+    reference_attention_backward,
+    sequence_layouts,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te.recipe import (
     carry_mask_exact,
@@ -329,70 +322,7 @@ def test_check_request_refuses_leaky_requests(recipe, meta_recipe, params, quant
 
 
 # ---------------------------------------------------------------------------------------------
-# The cuDNN backward's inputs
-
-
-def _lse_by_token(h, t):
-    """lse[head, token] = 1000 * head + token: every entry names its own position."""
-    return (1000.0 * torch.arange(h)[:, None] + torch.arange(t)[None, :]).float()
-
-
-@pytest.mark.parametrize("qkv_format", ["bshd", "sbhd"])
-def test_softmax_stats_dense(qkv_format):
-    h, b, s = 3, 2, 5
-    stats = lse_to_softmax_stats(_lse_by_token(h, b * s), qkv_format, b, s, ragged=False)
-    assert stats.shape == (b, h, s, 1) and stats.is_contiguous()
-    for bi, hi, si in [(0, 0, 0), (1, 2, 4), (1, 0, 3)]:
-        assert stats[bi, hi, si, 0] == 1000 * hi + bi * s + si  # token (b, s) of the (b, s) axis
-
-
-def test_softmax_stats_thd():
-    h, t = 2, 11
-    lse = _lse_by_token(h, t)
-    ragged = lse_to_softmax_stats(lse, "thd", 2, 8, ragged=True)
-    assert ragged.shape == (t, h, 1) and ragged[7, 1, 0] == 1007
-    starts = torch.tensor([0, 4, 11], dtype=torch.int32)  # padded starts of 2 sequences
-    padded = lse_to_softmax_stats(lse, "thd", 2, 8, ragged=False, cu_seqlens_q_padded=starts)
-    assert padded.shape == (2, h, 8, 1)
-    assert padded[1, 1, 2, 0] == 1000 + 4 + 2  # row 2 of sequence 1 is token 4 + 2
-
-
-def test_softmax_stats_rows_that_see_nothing_get_plus_inf():
-    lse = torch.tensor([[0.5, -math.inf, 2.0, -math.inf]])
-    stats = lse_to_softmax_stats(lse, "bshd", 2, 2, ragged=False)
-    assert stats.flatten().tolist() == [0.5, math.inf, 2.0, math.inf]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_roundtrip(dtype):
-    """The round trip is the forward's quantization, dequantized in fp32 with one rounding."""
-    gen = torch.Generator().manual_seed(1)
-    x = (torch.randn(2, 7, 4, 64, generator=gen) * 3).to(dtype)
-    data, codes = per_block_cast_to_mxfp8_rowwise(x)
-    mx = fp8_roundtrip(x, "mxfp8", False)
-    assert mx.dtype == dtype and mx.is_contiguous()
-    assert torch.equal(mx.double(), dequantize_mxfp8_rowwise(data, codes, torch.float64))  # exact
-    for power_2 in (False, True):
-        data, scale_inv = per_token_cast_to_fp8(x, use_power_2_scales=power_2)
-        exact = dequantize(data, scale_inv.unsqueeze(-1), torch.float64)
-        assert torch.equal(fp8_roundtrip(x, "current", power_2), exact.to(dtype))
-    with pytest.raises(ValueError, match="recipe"):
-        fp8_roundtrip(x, "delayed", False)
-
-
-def _flash_backward_fp64(q, k, v, out, d_out, stats, mask, scale):
-    """The math of a flash-style backward for one bshd sample, reading cuDNN's [b, h, s, 1]
-    stats: P = exp(S - stats), D = rowsum(dO * O), dS = P (dP - D). fp64; returns dq, dk, dv."""
-    qh, kh, vh, oh, doh = (x[0].double().transpose(0, 1) for x in (q, k, v, out, d_out))
-    rep = qh.shape[0] // kh.shape[0]
-    kh, vh = kh.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)
-    allowed = allowed_positions(mask, None, qh.shape[1], kh.shape[1])
-    p = torch.exp(qh @ kh.transpose(1, 2) * scale - stats[0].double()).masked_fill(~allowed, 0)
-    dp = doh @ vh.transpose(1, 2)
-    ds = p * (dp - (doh * oh).sum(-1, keepdim=True))
-    dq, dk, dv = ds @ kh * scale, ds.transpose(1, 2) @ qh * scale, p.transpose(1, 2) @ doh
-    dk, dv = (x.unflatten(0, (-1, rep)).sum(1) for x in (dk, dv))
-    return [x.transpose(0, 1)[None] for x in (dq, dk, dv)]
+# The backward's estimate (Note [Backward of the FP8 forward]), in fp64 on the reference rules
 
 
 def _exact_grads(q, k, v, d_out, mask):
@@ -401,32 +331,44 @@ def _exact_grads(q, k, v, d_out, mask):
     return torch.autograd.grad(out, leaves, d_out.double())
 
 
-EMULATED_GRAD_ERROR_BOUND = 0.06
-"""Relative Frobenius error bound of the gradients of the emulated cuDNN backward (random inputs,
-no outliers). The GPU test allows 0.08 (GRAD_RTOL there): this bound plus BF16 rounding."""
+STRAIGHT_THROUGH_ERROR_BOUND = 0.06
+"""Relative Frobenius error bound of the straight-through gradients against the exact ones (random
+inputs, no outliers): the FP8 logit error of E4M3 (unit roundoff 2^-4). The GPU tests allow 0.08
+(tests/pytorch/attention/test_exact_fp8_backward.py): this bound plus the kernels' rounding."""
 
 
-@pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_backward_inputs_give_gradients_within_tolerance(path, recipe):
-    """Feed the math of cuDNN's backward exactly what cudnn_backward feeds it (round-tripped Q/K,
-    the FP8 forward's O, its LSE in cuDNN's layout): gradients stay within the GPU tolerance."""
+@pytest.mark.parametrize("recipe", ["current", "mxfp8"])
+def test_straight_through_gradients_within_tolerance(recipe):
+    """The reference backward (what the Triton backward computes, in fp64), fed the FP8
+    forward's O, stays within the bound of the exact gradients."""
     gen = torch.Generator().manual_seed(2)
     b, s, h, h_kv, d = 1, 384, 4, 2, 128
     q = torch.randn(b, s, h, d, generator=gen).bfloat16()
     k, v = (torch.randn(b, s, h_kv, d, generator=gen).bfloat16() for _ in range(2))
     d_out = torch.randn(b, s, h, d, generator=gen).bfloat16()
-    fwd = reference_attention(path, q, k, v, attn_mask_type="causal")
-    stats = lse_to_softmax_stats(fwd.lse.float(), "bshd", b, s, ragged=False)
-    q_deq, k_deq = (fp8_roundtrip(x, recipe, False) for x in (q, k))
-    got = _flash_backward_fp64(q_deq, k_deq, v, fwd.out, d_out, stats, "causal", d**-0.5)
+    fwd = reference_attention("fork-" + recipe, q, k, v, attn_mask_type="causal")
+    got = reference_attention_backward(recipe, q, k, v, fwd.out, d_out, attn_mask_type="causal")
     for g, want in zip(got, _exact_grads(q, k, v, d_out, "causal")):
-        assert rel_frobenius_error(g, want) < EMULATED_GRAD_ERROR_BOUND
+        assert rel_frobenius_error(g, want) < STRAIGHT_THROUGH_ERROR_BOUND
 
 
-@pytest.mark.parametrize("path,recipe", [("fork-current", "current"), ("fork-mxfp8", "mxfp8")])
-def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe):
-    """Note [BF16 backward of the FP8 forward]: with outliers, the FP8 forward's LSE paired with
-    the unquantized Q, K blows gradients up; with the round-tripped Q, K they stay bounded."""
+def _flash_backward_fp64(q, k, v, out, d_out, lse, scale):
+    """The math of a flash-style backward for one causal bshd sample from the forward's LSE
+    [h, s]: P = exp(S - LSE), D = rowsum(dO * O), dS = P (dP - D). fp64; returns dq, dk, dv."""
+    qh, kh, vh, oh, doh = (x[0].double().transpose(0, 1) for x in (q, k, v, out, d_out))
+    allowed = allowed_positions("causal", None, qh.shape[1], kh.shape[1])
+    p = torch.exp(qh @ kh.transpose(1, 2) * scale - lse.double()[:, :, None])
+    p = p.masked_fill(~allowed, 0)
+    ds = p * (doh @ vh.transpose(1, 2) - (doh * oh).sum(-1, keepdim=True))
+    dq, dk, dv = ds @ kh * scale, ds.transpose(1, 2) @ qh * scale, p.transpose(1, 2) @ doh
+    return [x.transpose(0, 1)[None] for x in (dq, dk, dv)]
+
+
+@pytest.mark.parametrize("recipe", ["current", "mxfp8"])
+def test_scores_of_the_fp8_operands_keep_the_backward_well_conditioned(recipe):
+    """Note [Backward of the FP8 forward]: with outliers, the FP8 forward's LSE paired with the
+    unquantized Q, K blows gradients up; with the scores of the quantized Q, K (what the
+    backward recomputes) they stay bounded."""
     gen = torch.Generator().manual_seed(3)
     b, s, h, d = 1, 256, 2, 128
     q, k, v = (torch.randn(b, s, h, d, generator=gen) for _ in range(3))
@@ -434,145 +376,80 @@ def test_roundtrip_keeps_the_backward_well_conditioned(path, recipe):
         x[torch.rand(x.shape, generator=gen) < 1e-3] *= 50
     q, k, v = (x.bfloat16() for x in (q, k, v))
     d_out = torch.randn(b, s, h, d, generator=gen).bfloat16()
-    fwd = reference_attention(path, q, k, v, attn_mask_type="causal")
-    stats = lse_to_softmax_stats(fwd.lse.float(), "bshd", b, s, ragged=False)
+    fwd = reference_attention("fork-" + recipe, q, k, v, attn_mask_type="causal")
     exact = _exact_grads(q, k, v, d_out, "causal")
-    q_deq, k_deq = (fp8_roundtrip(x, recipe, False) for x in (q, k))
-    consistent = _flash_backward_fp64(q_deq, k_deq, v, fwd.out, d_out, stats, "causal", d**-0.5)
-    naive = _flash_backward_fp64(q, k, v, fwd.out, d_out, stats, "causal", d**-0.5)
+    consistent = reference_attention_backward(
+        recipe, q, k, v, fwd.out, d_out, attn_mask_type="causal"
+    )
+    naive = _flash_backward_fp64(q, k, v, fwd.out, d_out, fwd.lse, d**-0.5)
     assert max(rel_frobenius_error(g, e) for g, e in zip(consistent, exact)) < 0.3
     assert max(rel_frobenius_error(g, e) for g, e in zip(naive, exact)) > 0.3
 
 
-# ---------------------------------------------------------------------------------------------
-# The recompute backward
+def test_reference_backward_matches_autograd_of_the_quantized_attention():
+    """Where O is the attention of the dequantized Q, K and unquantized V (no P or V cast),
+    the straight-through reference is autograd of that attention: masks (padding, window,
+    bottom-right, a row that sees nothing), GQA, layouts, thd with gaps."""
+    gen = torch.Generator().manual_seed(4)
+    cases = [
+        dict(qkv_format="bshd", attn_mask_type="padding_causal", lens=([33, 40], [33, 40])),
+        dict(qkv_format="sbhd", attn_mask_type="causal_bottom_right", s=(48, 40)),
+        dict(qkv_format="bshd", attn_mask_type="no_mask", window_size=(5, 3), s=(40, 48)),
+        dict(qkv_format="thd", attn_mask_type="padding_causal", thd=([9, 30, 17], [3, 0, 5])),
+    ]
+    for case in cases:
+        case = dict(case)
+        fmt = case["qkv_format"]
+        kw = dict(qkv_format=fmt, attn_mask_type=case["attn_mask_type"])
+        kw["window_size"] = case.pop("window_size", None)
+        if fmt == "thd":
+            lens, gaps = case["thd"]
+            kw["cu_seqlens_q"] = kw["cu_seqlens_kv"] = _cu(lens)
+            kw["cu_seqlens_q_padded"] = kw["cu_seqlens_kv_padded"] = _cu(
+                [n + g for n, g in zip(lens, gaps)]
+            )
+            t = int(kw["cu_seqlens_q_padded"][-1])
+            shapes = [(t, h, 32) for h in (4, 2, 2)]
+        else:
+            s_q, s_kv = case.get("s", (40, 40))
+            if "lens" in case:
+                kw["cu_seqlens_q"], kw["cu_seqlens_kv"] = (_cu(x) for x in case["lens"])
+            lead = lambda n: (2, n) if fmt == "bshd" else (n, 2)
+            shapes = [lead(s_q) + (4, 32), lead(s_kv) + (2, 32), lead(s_kv) + (2, 32)]
+        q, k, v = (torch.randn(x, generator=gen) for x in shapes)
+        d_out = torch.randn(q.shape, generator=gen)
+        seqs = {x: kw[x] for x in kw if x.startswith("cu_")}
+        layout_q, layout_kv = sequence_layouts(q, k, fmt, kw["attn_mask_type"], **seqs)
+        tokens = [to_tokens(x, fmt) for x in (q, k, v)]
+        q_dq, k_dq, _ = dequantized_operands("fork-current", *tokens, layout_kv)
+        leaves = [x.double().requires_grad_() for x in (q_dq, k_dq, to_tokens(v, fmt))]
+        out = _masked_attention(*leaves, layout_q, layout_kv, kw)
+        grads = torch.autograd.grad(out, leaves, to_tokens(d_out, fmt).double())
+        got = reference_attention_backward(
+            "current", q, k, v, from_tokens(out.detach(), fmt, q), d_out, **kw
+        )
+        for g, w in zip(got, grads):
+            torch.testing.assert_close(to_tokens(g, fmt), w, rtol=1e-10, atol=1e-10)
 
 
-def _call(qkv_format, mask, window, cu_q, cu_kv, pad_q=None, pad_kv=None, deterministic=False):
-    return AttentionCall(
-        recipe="current",
-        use_power_2_scales=False,
-        qkv_format=qkv_format,
-        attn_mask_type=mask,
-        window_size=window,
-        bottom_right_diagonal="bottom_right" in mask,
-        softmax_scale=0.125,
-        max_seqlen_q=0,
-        max_seqlen_kv=0,
-        deterministic=deterministic,
-        backward="recompute",
-        cu_seqlens_q=cu_q,
-        cu_seqlens_kv=cu_kv,
-        cu_seqlens_q_padded=pad_q,
-        cu_seqlens_kv_padded=pad_kv,
-    )
-
-
-def _cu(lens):
-    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
-
-
-def _reference_grads(q, k, v, d_out, call):
-    """fp64 gradients of masked softmax attention written out directly (no SDPA): masked scores
-    are -1e300 rather than -inf, and rows that see nothing are multiplied by 0, so such rows give
-    zero gradients instead of NaN."""
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    q_t, k_t, v_t = (to_tokens(x, call.qkv_format) for x in leaves)
-    layout_q, layout_kv = _layouts(q, k, call)
+def _masked_attention(q_t, k_t, v_t, layout_q, layout_kv, kw):
+    """fp64 masked softmax attention written out directly: masked scores -1e300, rows that see
+    nothing multiplied by 0 (zero output, zero gradients)."""
     out = torch.zeros_like(q_t)
     for _, rows, cols, allowed in sequence_masks(
-        layout_q, layout_kv, call.attn_mask_type, call.window_size
+        layout_q, layout_kv, kw["attn_mask_type"], kw["window_size"]
     ):
         qh, kh, vh = (x.transpose(0, 1) for x in (q_t[rows], k_t[cols], v_t[cols]))
         rep = qh.shape[0] // kh.shape[0]
         kh, vh = kh.repeat_interleave(rep, 0), vh.repeat_interleave(rep, 0)
-        scores = (qh @ kh.transpose(1, 2) * call.softmax_scale).masked_fill(~allowed, -1e300)
+        scores = (qh @ kh.transpose(1, 2) * qh.shape[-1] ** -0.5).masked_fill(~allowed, -1e300)
         o = torch.softmax(scores, dim=-1) @ vh * allowed.any(-1, keepdim=True)
         out[rows] = o.transpose(0, 1)
-    return torch.autograd.grad(out, leaves, to_tokens(d_out, call.qkv_format))
+    return out
 
 
-def _layouts(q, k, call):
-    batch = call.batch_size(q)
-    cu_q, cu_kv, pad_q, pad_kv = call.seqlens(batch)
-    if call.qkv_format == "thd":
-        return SeqLayout.varlen(cu_q, pad_q), SeqLayout.varlen(cu_kv, pad_kv)
-    s_dim = 1 if call.qkv_format == "bshd" else 0
-    lens = lambda cu: (cu[1:] - cu[:-1]).tolist()
-    return (
-        SeqLayout.dense(batch, q.shape[s_dim], lens(cu_q)),
-        SeqLayout.dense(batch, k.shape[s_dim], lens(cu_kv)),
-    )
-
-
-@pytest.mark.parametrize(
-    "qkv_format,mask,window,s_q,s_kv,lens",
-    [
-        ("bshd", "causal", (-1, 0), 40, 40, None),
-        ("sbhd", "padding_causal", (-1, 0), 40, 40, [33, 40]),
-        ("bshd", "causal_bottom_right", (-1, 0), 24, 40, None),
-        ("sbhd", "causal", (7, 0), 40, 40, None),
-        ("bshd", "no_mask", (5, 3), 40, 48, None),
-        ("bshd", "padding_causal_bottom_right", (-1, 0), 48, 40, [48, 20]),
-    ],
-)
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_recompute_backward_dense(qkv_format, mask, window, s_q, s_kv, lens, deterministic):
-    gen = torch.Generator().manual_seed(4)
-    shape = lambda s, h: (2, s, h, 16) if qkv_format == "bshd" else (s, 2, h, 16)
-    q = torch.randn(shape(s_q, 4), generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(shape(s_kv, 2), generator=gen, dtype=torch.float64) for _ in range(2))
-    d_out = torch.randn(q.shape, generator=gen, dtype=torch.float64)
-    lens_q = lens if lens is not None else [s_q, s_q]
-    lens_kv = [min(x, s_kv) for x in lens] if lens is not None else [s_kv, s_kv]
-    call = _call(qkv_format, mask, window, _cu(lens_q), _cu(lens_kv), deterministic=deterministic)
-    got = recompute_backward(q, k, v, d_out, call)
-    for g, w in zip(got, _reference_grads(q, k, v, d_out, call)):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
-
-
-def test_recompute_backward_thd_with_padding_between_sequences():
-    """Packed sequences with gaps get the gradients of the same sequences packed densely; the
-    gap tokens get none."""
-    gen = torch.Generator().manual_seed(5)
-    lens, gaps = [9, 30, 17], [3, 0, 5]
-    dense = [torch.randn(sum(lens), h, 16, generator=gen, dtype=torch.float64) for h in (4, 2, 2)]
-    d_out = torch.randn(sum(lens), 4, 16, generator=gen, dtype=torch.float64)
-    cu = _cu(lens)
-    call = _call("thd", "padding_causal", (-1, 0), cu, cu)
-    want = recompute_backward(*dense, d_out, call)
-    for w, r in zip(want, _reference_grads(*dense, d_out, call)):
-        torch.testing.assert_close(w, r, rtol=1e-10, atol=1e-10)
-
-    padded_cu = _cu([n + g for n, g in zip(lens, gaps)])
-    real = torch.cat([torch.arange(a, a + n) for a, n in zip(padded_cu[:-1].tolist(), lens)])
-
-    def spread(x):
-        out = torch.full((int(padded_cu[-1]),) + x.shape[1:], 7.0, dtype=x.dtype)
-        out[real] = x
-        return out
-
-    call = _call("thd", "padding_causal", (-1, 0), cu, cu, padded_cu, padded_cu)
-    got = recompute_backward(*(spread(x) for x in dense), spread(d_out), call)
-    gap = torch.ones(int(padded_cu[-1]), dtype=torch.bool)
-    gap[real] = False
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g[real], w, rtol=1e-10, atol=1e-10)
-        assert torch.equal(g[gap], torch.zeros_like(g[gap]))
-
-
-def test_recompute_backward_rows_that_see_nothing_get_no_gradient():
-    """Bottom-right causal with s_q > s_kv: the first s_q - s_kv rows see no key."""
-    gen = torch.Generator().manual_seed(6)
-    q = torch.randn(1, 12, 2, 16, generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(1, 8, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
-    d_out = torch.randn(q.shape, generator=gen, dtype=torch.float64)
-    call = _call("bshd", "causal_bottom_right", (-1, 0), _cu([12]), _cu([8]))
-    dq, dk, dv = recompute_backward(q, k, v, d_out, call)
-    assert torch.equal(dq[:, :4], torch.zeros_like(dq[:, :4]))
-    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
-    for g, w in zip((dq, dk, dv), _reference_grads(q, k, v, d_out, call)):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+def _cu(lens):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,7 +465,8 @@ class FakeDPA:
 
 @pytest.fixture
 def fake_kernel(monkeypatch):
-    """kernels.attention_forward computed by the reference rules (fp32 math); records calls."""
+    """kernels.attention_forward and attention_backward computed by the reference rules (fp32
+    and fp64 math); records calls."""
     calls = []
 
     def forward(q, k, v, *, recipe, qkv_format, attn_mask_type, window_size, cu_seqlens_q,
@@ -605,9 +483,22 @@ def fake_kernel(monkeypatch):
             window_size=window_size, seqlens_q=lens, seqlens_kv=lens, softmax_scale=softmax_scale,
             quant=QuantConfig(use_power_2_scales=use_power_2_scales), compute_dtype=torch.float32,
         )  # fmt: skip
+        calls[-1]["lse"] = result.lse.float()
         return result.out, result.lse.float()
 
+    def backward(q, k, v, out, d_out, lse, *, recipe, qkv_format, attn_mask_type, window_size,
+                 cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                 max_seqlen_q, max_seqlen_kv, softmax_scale, use_power_2_scales):  # fmt: skip
+        calls.append(dict(backward=recipe, lse=lse))
+        grads = reference_attention_backward(
+            recipe, q, k, v, out, d_out, qkv_format=qkv_format, attn_mask_type=attn_mask_type,
+            window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+            softmax_scale=softmax_scale, quant=QuantConfig(use_power_2_scales=use_power_2_scales),
+        )  # fmt: skip
+        return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v)))
+
     monkeypatch.setattr(kernels, "attention_forward", forward)
+    monkeypatch.setattr(kernels, "attention_backward", backward)
     monkeypatch.setattr(
         backend,
         "_device_support",
@@ -615,7 +506,6 @@ def fake_kernel(monkeypatch):
             compute_capability=(9, 0), head_dims=HEAD_DIMS, triton_available=True, onnx_export=False
         ),
     )
-    monkeypatch.setattr(backend, "_select_backward", lambda params: "recompute")
     return calls
 
 
@@ -654,14 +544,12 @@ def test_dispatch_runs_the_kernel_through_autograd(recipes, fake_kernel):
     assert torch.equal(out, want.view(96, 2, -1))
     d_out = torch.randn(out.shape, generator=gen).bfloat16()
     grads = torch.autograd.grad(out, (q, k, v), d_out)
-    call = AttentionCall(
-        recipe="current", use_power_2_scales=False, qkv_format="sbhd",
-        attn_mask_type="padding_causal", window_size=(-1, 0), bottom_right_diagonal=False,
-        softmax_scale=128**-0.5, max_seqlen_q=96, max_seqlen_kv=96, deterministic=True,
-        backward="recompute", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    assert torch.equal(fake_kernel[1]["lse"], fake_kernel[0]["lse"])  # the forward's, saved
+    direct = reference_attention_backward(
+        "current", q, k, v, want, d_out.view(96, 2, 4, 128), qkv_format="sbhd",
+        attn_mask_type="padding_causal", cu_seqlens_q=cu[:3], cu_seqlens_kv=cu[:3],
     )  # fmt: skip
-    direct = recompute_backward(q, k, v, d_out.view(96, 2, 4, 128), call)
-    assert all(torch.equal(g, w) for g, w in zip(grads, direct))
+    assert all(torch.equal(g, w.bfloat16()) for g, w in zip(grads, direct))
 
 
 def test_dispatch_without_grad_saves_nothing(recipes, fake_kernel):
@@ -683,20 +571,14 @@ def test_dispatch_falls_back_with_a_logged_reason(recipes, fake_kernel, caplog):
     assert "Disabling mask-exact FP8 attention for head_dim_qk=96" in caplog.text
 
 
-@pytest.mark.parametrize(
-    "backward,is_training,runs",
-    [("recompute", True, False), ("cudnn", True, True), ("recompute", False, True)],
-)
-def test_dispatch_under_cuda_graph_capture(
-    backward, is_training, runs, recipes, fake_kernel, monkeypatch, caplog
-):
-    """Calls run under capture, unless a training step's backward would recompute."""
-    monkeypatch.setattr(backend, "_select_backward", lambda params: backward)
-    monkeypatch.setattr(backend, "_backward_cache", [])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_dispatch_under_cuda_graph_capture(is_training, recipes, fake_kernel, caplog):
+    """Calls run under capture, training steps included: the backward is the fork's own kernels,
+    which read no mask or offset on the host."""
     dpa, params = _sbhd_call(recipes, cuda_graph=True, is_training=is_training)
     caplog.set_level(logging.DEBUG, logger="DotProductAttention")
-    assert backend.dispatch(dpa, params).runs is runs
-    assert ("CUDA graph capture of a training step" in caplog.text) is not runs
+    assert backend.dispatch(dpa, params).runs
+    assert "Disabling mask-exact" not in caplog.text
 
 
 def test_dispatch_leaves_upstream_alone_when_the_field_is_off(recipes, fake_kernel):

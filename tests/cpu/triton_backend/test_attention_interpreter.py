@@ -19,26 +19,20 @@ Value accuracy with the FP8 P cast, and the in-kernel Q cast, are checked on the
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from triton_interpreter_support import index_scalars_with_numpy_2_4, run_under_interpreter
 
 if os.environ.get("TRITON_INTERPRET") != "1":
 
     def test_attention_kernel_under_triton_interpreter():
-        pytest.importorskip("triton")
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+        run_under_interpreter(__file__)
 
 else:
-    import numpy as np
     import torch
     import triton
     import triton.language as tl
-    import triton.runtime.interpreter as triton_interpreter
 
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
         formats,
@@ -78,19 +72,7 @@ else:
         rel_frobenius_error,
     )
 
-    def _index_scalars_with_numpy_2_4():
-        """Triton 3.6's interpreter takes int() of 1-element arrays for loop bounds; NumPy 2.4
-        turned that long-deprecated conversion into an error. Read the one element instead."""
-        patch_tensor = triton_interpreter._patch_lang_tensor
-
-        def patched(tensor, scope):
-            patch_tensor(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        triton_interpreter._patch_lang_tensor = patched
-
-    if tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4):
-        _index_scalars_with_numpy_2_4()
+    index_scalars_with_numpy_2_4()
 
     RECIPES = ("current", "mxfp8")
 

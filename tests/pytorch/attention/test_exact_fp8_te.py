@@ -22,9 +22,6 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks 
     SeqLayout,
     to_tokens,
 )
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference import (
-    quantize as reference_quantize,
-)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     reference_attention,
 )
@@ -42,10 +39,7 @@ try:
     )
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
         attention as kernel_module,
-        qk_roundtrip as roundtrip_module,
-    )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.te import (
-        autograd as autograd_module,
+        backward as backward_module,
     )
 
     _TE_MISSING = None if hasattr(dpa_module, "exact_fp8_backend") else "TE without the fork"
@@ -67,10 +61,11 @@ GRAD_RTOL = 0.08
 Reasoning: E4M3 keeps 3 mantissa bits (unit roundoff 2^-4), so the per-token Q/K quantization
 perturbs every logit by a few percent (the forward output is off by 3.4-3.7% for random inputs,
 tests/cpu/reference/test_reference_attention.py). The backward computes the gradients of the attention of
-the quantized Q and K (Note [BF16 backward of the FP8 forward] in exact_fp8/te/autograd.py), which
-differ from the unquantized gradients by the same order: the emulation of exactly this backward on
-the reference rules stays below 0.06 (tests/cpu/te/test_dispatch.py); BF16 rounding inside
-cuDNN adds well under 0.01 (unit roundoff 2^-9). 0.08 leaves a margin for kernel-level
+the quantized Q and K (Note [Backward of the FP8 forward] in exact_fp8/te/autograd.py), which
+differ from the unquantized gradients by the same order: the reference backward (fp64) on the
+reference rules stays below 0.06 (tests/cpu/te/test_dispatch.py); the BF16 rounding of P, dS and
+the dequantized Q, K in the kernels adds well under 0.01 (unit roundoff 2^-9). 0.08 leaves a
+margin for kernel-level
 differences. An error of this order is what an FP8 forward costs; a broken backward (wrong softmax
 statistics, a layout mix-up) gives errors of order 1.
 """
@@ -102,15 +97,16 @@ def kernel_runs(monkeypatch):
 
 
 @pytest.fixture
-def cudnn_backward_runs(monkeypatch):
+def backward_runs(monkeypatch):
+    """The recipes of the mask-exact backward launches made during a test."""
     runs = []
-    original = autograd_module.cudnn_backward
+    original = backward_module.exact_fp8_attention_backward
 
     def counted(*args, **kwargs):
-        runs.append(1)
+        runs.append(kwargs["recipe"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(autograd_module, "cudnn_backward", counted)
+    monkeypatch.setattr(backward_module, "exact_fp8_attention_backward", counted)
     return runs
 
 
@@ -443,26 +439,6 @@ def test_packed_layouts_match_separate_tensors(qkv_format, kernel_runs):
 # Gradients
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "recipe,power_2", [("current", False), ("current", True), ("mxfp8", False)]
-)
-def test_qk_roundtrip_kernel_matches_reference(recipe, power_2, dtype):
-    """The backward's Q/K round trip (one Triton pass) is the reference rules, bit for bit,
-    edge values included (zero, tiny, huge and non-finite elements)."""
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    x = torch.randn(3, 77, 4, 128, generator=gen, device="cuda") * 4
-    x[0, :5] = 0.0
-    x[1, :5] *= 1e-6
-    x[2, :5] *= 1e4
-    x[0, 9, 1, 3], x[1, 9, 2, 40], x[2, 9, 3, 70] = float("nan"), float("inf"), -float("inf")
-    x = x.to(dtype)
-    got = roundtrip_module.fp8_roundtrip(x, recipe, power_2)
-    want = reference_quantize.fp8_roundtrip(x.cpu(), recipe, power_2).cuda()
-    assert got.shape == x.shape and got.dtype == dtype
-    assert bool(((got == want) | (got.isnan() & want.isnan())).all())
-
-
 def _fp64_grads(q, k, v, d_out, **kwargs):
     leaves = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
     out = reference_attention("bf16", *leaves, compute_dtype=torch.float64, **kwargs).out
@@ -500,20 +476,20 @@ def _dpa_grads(qkv_format, recipe, seed=0):
     "qkv_format,kind",
     [("bshd", "current"), ("sbhd", "current"), ("thd", "current"), ("bshd", "mxfp8")],
 )
-def test_gradients_cudnn_backward(qkv_format, kind, recipe_for, kernel_runs, cudnn_backward_runs):
+def test_gradients_of_the_fork_backward(qkv_format, kind, recipe_for, kernel_runs, backward_runs):
     got, want = _dpa_grads(qkv_format, recipe_for(kind))
-    assert kernel_runs == [kind] and cudnn_backward_runs == [1]
+    assert kernel_runs == [kind] and backward_runs == [kind]
     errors = [rel_frobenius_error(g, w) for g, w in zip(got, want)]
     assert max(errors) < GRAD_RTOL, errors
 
 
-def test_gradients_recompute_backward(monkeypatch, kernel_runs, cudnn_backward_runs):
-    """NVTE_FUSED_ATTN=0 takes cuDNN's backward away: the backward recomputes BF16 attention."""
+def test_gradients_without_fused_attention(monkeypatch, kernel_runs, backward_runs):
+    """NVTE_FUSED_ATTN=0 (no cuDNN attention) changes nothing: the backward is the fork's."""
     monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
     got, want = _dpa_grads("bshd", _current())
-    assert kernel_runs == ["current"] and cudnn_backward_runs == []
+    assert kernel_runs == ["current"] and backward_runs == ["current"]
     errors = [rel_frobenius_error(g, w) for g, w in zip(got, want)]
-    assert max(errors) < BF16_GRAD_RTOL, errors  # unquantized gradients
+    assert max(errors) < GRAD_RTOL, errors
 
 
 def test_gradients_bf16_reference_is_sane():
@@ -691,14 +667,14 @@ def test_mha_fp8_mha_is_refused():
 
 
 @pytest.mark.parametrize("switch", ["Float8CurrentScaling", "MXFP8BlockScaling"])
-def test_transformer_layer_training_step(switch, monkeypatch, kernel_runs, cudnn_backward_runs):
+def test_transformer_layer_training_step(switch, monkeypatch, kernel_runs, backward_runs):
     _set_dpa_switch(monkeypatch, switch)
     layer = _module("TransformerLayer", seed=6).train()
     x = torch.randn(2, 256, 512, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     with te.autocast(enabled=True, recipe=_delayed_scaling_linear()):
         y = layer(x)
     y.backward(torch.randn_like(y))
-    assert len(kernel_runs) == 1 and cudnn_backward_runs == [1]
+    assert len(kernel_runs) == 1 and backward_runs == kernel_runs
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
 
@@ -708,8 +684,8 @@ def test_transformer_layer_training_step(switch, monkeypatch, kernel_runs, cudnn
 
 
 @pytest.mark.parametrize("kind", ["current", "mxfp8"])
-def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, cudnn_backward_runs):
-    """make_graphed_callables captures the fork's forward and its cuDNN backward: a replay gives
+def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, backward_runs):
+    """make_graphed_callables captures the fork's forward and its backward: a replay gives
     the eager step's bits (output and gradients), and it stays mask-exact (future keys' values
     changed: the earlier rows' outputs keep their bits)."""
     recipe = recipe_for(kind)
@@ -723,7 +699,7 @@ def test_cuda_graph_training_step(kind, recipe_for, kernel_runs, cudnn_backward_
         h, d, num_gqa_groups=h_kv, qkv_format="bshd", attn_mask_type="causal"
     )
     graphed = te.make_graphed_callables(dpa, tuple(inputs()), enabled=True, recipe=recipe)
-    assert kernel_runs and set(kernel_runs) == {kind} and cudnn_backward_runs  # fork captured
+    assert kernel_runs and set(kernel_runs) == {kind} and set(backward_runs) == {kind}  # captured
     d_out = _rand(batch, s, h * d, gen=gen)
 
     def step(fn, q, k, v):
@@ -760,9 +736,9 @@ class _PackedAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["current", "mxfp8"])
-def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backward_runs):
+def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, backward_runs):
     """thd under make_graphed_callables, the offsets static inputs of the graph: the fork's
-    forward and cuDNN backward are captured, and replays with other cu_seqlens contents (the same
+    forward and backward are captured, and replays with other cu_seqlens contents (the same
     number of sequences, real lengths <= max_seqlen) give the eager step's bits, output and
     gradients, on every token of a sequence."""
     recipe = recipe_for(kind)
@@ -784,7 +760,7 @@ def test_cuda_graph_thd_training_step(kind, recipe_for, kernel_runs, cudnn_backw
     graphed = te.make_graphed_callables(
         packed, tuple(inputs()), sample_kwargs=offsets(packs[0]), enabled=True, recipe=recipe
     )
-    assert kernel_runs and set(kernel_runs) == {kind} and cudnn_backward_runs  # fork captured
+    assert kernel_runs and set(kernel_runs) == {kind} and set(backward_runs) == {kind}  # captured
     d_out = _rand(t, h * d, gen=gen)
 
     def step(fn, q, k, v, kwargs):

@@ -27,6 +27,10 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 #   * P (the softmax numerator) is cast to FP8 with the fixed scale P_SCALE, which depends on no
 #     data.
 #
+#   * The backward (docs/backward.md, Note [Backward of the FP8 forward] in te/autograd.py)
+#     recomputes the scores from these same per-token Q8, K8 and scales; V, dO and O enter it
+#     unquantized, so it adds no scale of its own.
+#
 # Only data-independent choices (mask geometry, shapes and the constants below) decide which
 # representation a value gets. Q_TILE, KV_TILE and the chunk sizes are constants of the format,
 # not tuning knobs: a kernel may use other block sizes internally, but must make the same

@@ -1,14 +1,17 @@
-"""The kernel backends of mask-exact FP8 attention, and the one function that chooses among them.
+"""The kernel backends of mask-exact FP8 attention, and the functions that choose among them.
 
     out, lse = attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
+    dq, dk, dv = attention_backward(q, k, v, out, d_out, lse, recipe="current", ...)
 
 Every caller of the production path (TE's autograd function, the causality audit's kernel mode,
-the benchmarks) runs the forward through `attention_forward`; none imports a backend's launcher
-itself. Backends (each a folder of this package):
+the benchmarks) runs the forward through `attention_forward` and the backward through
+`attention_backward`; none imports a backend's launcher itself. Backends (each a folder of this
+package):
 
-  "triton"  triton/: the Triton kernel and its launcher, for every GPU Triton runs FP8 on (sm89+).
-  "cuda"    cuda/: the CUDA C++ (CuTe) kernel for sm90 (docs/attention_kernel_sm90.md): bshd,
-            bf16, d = 128, current scaling, causal or no mask so far.
+  "triton"  triton/: the Triton kernels and their launchers, for every GPU Triton runs FP8 on
+            (sm89+): the forward, and the backward of every backend's forward (docs/backward.md).
+  "cuda"    cuda/: the CUDA C++ (CuTe) forward kernel for sm90 (docs/attention_kernel_sm90.md):
+            bshd, bf16, d = 128, current scaling, causal or no mask so far.
 
 Which backend runs a call (`choose_backend`): NVTE_FP8_DPA_MASK_EXACT_BACKEND = "triton" or
 "cuda" forces one (a forced "cuda" raises ValueError for what it does not run); unset or "auto",
@@ -28,6 +31,7 @@ import torch
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV",
+    "attention_backward",
     "attention_forward",
     "backend_available",
     "choose_backend",
@@ -129,6 +133,24 @@ def attention_forward(
 
         return exact_fp8_attention_forward(q, k, v, **kwargs)
     raise AssertionError(f"no launcher for backend {backend!r}")
+
+
+def attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    d_out: torch.Tensor,
+    lse: torch.Tensor,
+    **kwargs,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of mask-exact FP8 attention from the forward's out and lse (any
+    backend: they share the numerics). The keyword arguments are the forward call's, as
+    triton.backward.exact_fp8_attention_backward takes them. The Triton backend runs every
+    backward (the "cuda" backend has no backward kernel)."""
+    from .triton.backward import exact_fp8_attention_backward
+
+    return exact_fp8_attention_backward(q, k, v, out, d_out, lse, **kwargs)
 
 
 def _check_backend(backend: str) -> None:

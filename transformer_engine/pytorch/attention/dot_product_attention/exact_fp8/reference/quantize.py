@@ -20,7 +20,6 @@ from ..formats import (
     compute_scale_from_amax,
     e8m0_reciprocal,
     e8m0_to_float,
-    check_recipe,
     float_to_e8m0,
 )
 from ..masks import SeqLayout
@@ -36,7 +35,6 @@ __all__ = [
     "dequantize",
     "expand_chunk_scales",
     "dequantize_mxfp8_rowwise",
-    "fp8_roundtrip",
 ]
 
 
@@ -198,14 +196,3 @@ def upstream_current_cast_to_fp8(
     )
     data = [cast_to_e4m3(x.float() * scale) for x in (q, k, v)]
     return data[0], data[1], data[2], 1.0 / scale
-
-
-def fp8_roundtrip(x: torch.Tensor, recipe: str, use_power_2_scales: bool) -> torch.Tensor:
-    """x [..., d] quantized per token ("current") or per 32 channels ("mxfp8") and dequantized
-    in fp32, rounded once to x.dtype; contiguous. The oracle of triton.qk_roundtrip."""
-    check_recipe(recipe)
-    if recipe == "mxfp8":
-        data, codes = per_block_cast_to_mxfp8_rowwise(x)
-        return dequantize_mxfp8_rowwise(data, codes, torch.float32).to(x.dtype).contiguous()
-    data, scale_inv = per_token_cast_to_fp8(x, use_power_2_scales=use_power_2_scales)
-    return dequantize(data, scale_inv.unsqueeze(-1), torch.float32).to(x.dtype).contiguous()

@@ -27,8 +27,7 @@ support) are pure and tested on CPU.
 import dataclasses
 import functools
 import logging
-import os
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -189,12 +188,10 @@ class Dispatch:
             qkv_format=qkv_formats(params.qkv_layout)[0],
             attn_mask_type=params.attn_mask_type,
             window_size=tuple(params.window_size),
-            bottom_right_diagonal=params.bottom_right_diagonal,
             softmax_scale=params.softmax_scale,
             max_seqlen_q=params.max_seqlen_q,
             max_seqlen_kv=params.max_seqlen_kv,
-            deterministic=params.deterministic,
-            backward=_backward_choice(params, self.logger) if needs_grad else None,
+            requires_grad=needs_grad,
             cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv,
             cu_seqlens_q_padded=cu_seqlens_q_padded,
@@ -229,18 +226,12 @@ class Decision:
         return self.kernel_recipe is not None
 
 
-def _decide(recipe: Any, params: Any, logger: Any, device_support: Optional[dict]) -> Decision:
+def _decide(recipe: Any, params: Any, device_support: Optional[dict]) -> Decision:
     if recipe is None:
         return Decision()
     check_request(recipe, params, _is_quantized(params.qkv_type))
     support = _device_support() if device_support is None else device_support
     reason = unsupported_reason(params, **support)
-    if reason is None and _captures_recompute_backward(params, logger):
-        reason = (
-            "CUDA graph capture of a training step whose backward would recompute attention"
-            " (TE's fused attention has no BF16/FP16 backward here; the recompute reads the masks"
-            " on the host)"
-        )
     if reason is not None:
         return Decision(recipe=recipe, reason=reason)
     return Decision(recipe=recipe, kernel_recipe=kernel_recipe(recipe))
@@ -255,13 +246,14 @@ def mask_exact_decision(
     device_support: unsupported_reason's keyword arguments (default: this machine's). Raises
     ValueError, as DotProductAttention.forward would, for a request the fork refuses."""
     recipe = mask_exact_recipe(params.fp8, params.fp8_meta)
-    return _decide(recipe, params, logger or _LOGGER, device_support)
+    del logger  # kept for callers: the decision logs nothing
+    return _decide(recipe, params, device_support)
 
 
 def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
     """Decide how one DotProductAttention.forward call runs; see the module doc."""
     recipe = mask_exact_recipe(dpa.fp8, dpa.fp8_meta)
-    decision = _decide(recipe, attention_params, dpa.logger, None)
+    decision = _decide(recipe, attention_params, None)
     if not decision.asked:
         return Dispatch(attention_params)
     if not decision.runs:
@@ -272,50 +264,6 @@ def dispatch(dpa: Any, attention_params: Any) -> Dispatch:
         recipe=decision.kernel_recipe,
         use_power_2_scales=bool(getattr(recipe, "use_power_2_scales", False)),
         logger=dpa.logger,
-    )
-
-
-def _captures_recompute_backward(params: Any, logger: Any) -> bool:
-    """Is this a CUDA graph capture (TE's make_graphed_callables) of a training step whose
-    backward would be autograd.recompute_backward, which cannot be captured?"""
-    return params.cuda_graph and params.is_training and _backward_choice(params, logger) != "cudnn"
-
-
-_BACKWARD_CACHE_LIMIT = 64
-_backward_cache: List[Tuple[str, Any, str]] = []
-
-
-def _backward_choice(params: Any, logger: Any) -> str:
-    """ "cudnn" when TE's fused attention (cuDNN, F16 sub-backend) has a BF16/FP16 backward for
-    this configuration (TE's own backend selection decides, determinism included), else
-    "recompute". Cached per (NVTE_FUSED_ATTN, AttentionParams), as upstream caches its selection."""
-    env = os.environ.get("NVTE_FUSED_ATTN", "1")
-    for cached_env, cached_params, choice in _backward_cache:
-        if cached_env == env and cached_params == params:
-            return choice
-    choice = _select_backward(params)
-    if choice != "cudnn":
-        logger.debug(
-            "Mask-exact FP8 attention: TE's fused attention has no BF16/FP16 backward for this"
-            " configuration; the backward recomputes unquantized attention under autograd"
-        )
-    _backward_cache.append((env, params, choice))
-    if len(_backward_cache) > _BACKWARD_CACHE_LIMIT:
-        _backward_cache.pop(0)
-    return choice
-
-
-def _select_backward(params: Any) -> str:
-    from transformer_engine.pytorch.attention.dot_product_attention import utils as dpa_utils
-    from transformer_engine.pytorch.cpp_extensions.fused_attn import FusedAttnBackend
-
-    bf16 = dataclasses.replace(params, fp8=False, fp8_output=False, is_training=True)
-    _, _, _, fused_backend, _, available = dpa_utils.get_attention_backend(bf16)
-    f16 = int(FusedAttnBackend["F16_arbitrary_seqlen"])
-    return (
-        "cudnn"
-        if available[1] and fused_backend is not None and int(fused_backend) == f16
-        else "recompute"
     )
 
 

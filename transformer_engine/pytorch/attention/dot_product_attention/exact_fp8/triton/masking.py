@@ -18,6 +18,12 @@ boundary tile is often half hidden from the whole block (the diagonal tile of a 
 64 rows in a 128-row query tile), and its hidden sub-tiles are skipped. That changes no FP8
 decision: a boundary sub-tile multiplies the unquantized V like its tile.
 
+The backward (triton/backward_kernel.py) walks the same geometry the other way round as well:
+for a block of key columns, the blocks of query rows that see some of it (row_block_ranges);
+for a block of query rows, the blocks of key columns it sees (column_block_ranges). Both split
+the blocks into [lo, full_lo) masked, [full_lo, full_hi) fully visible (no element mask) and
+[full_hi, hi) masked; visible_pairs is the element mask of the masked ones, padding included.
+
 Window sides are passed as ints with UNBOUNDED for "no bound" (TE's -1), so no branch is needed.
 """
 
@@ -26,6 +32,7 @@ import triton.language as tl
 
 __all__ = [
     "UNBOUNDED", "sequence_geometry", "kv_tile_ranges", "boundary_subtile_ranges", "visible",
+    "row_block_ranges", "column_block_ranges", "visible_pairs", "visible_pairs_t",
 ]  # fmt: skip
 
 UNBOUNDED = 1 << 30
@@ -127,3 +134,75 @@ def visible(rows, cols, len_kv, diag, left, right):
     first = rows + diag - left  # [rows]
     last = tl.minimum(rows + diag + right, len_kv - 1)
     return (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+
+
+@triton.jit
+def row_block_ranges(
+    n0, len_q, len_kv, diag, left, right, BM: tl.constexpr, BN: tl.constexpr
+):  # fmt: skip
+    """(lo, full_lo, full_hi, hi): query row block starts (multiples of BM) for the key columns
+    [n0, n0 + BN) of a sequence, as the backward's dK/dV program walks them.
+
+    [lo, hi): the blocks with a real row that sees some real column of the block (empty when
+    none does). [full_lo, full_hi) inside it: the blocks whose every row is real and sees every
+    column (all columns real too), which need no element mask. Column j is seen by the rows
+    i in [j - diag - right, j - diag + left] (i < len_q). Mask geometry only, no data.
+    """
+    n_last = tl.minimum(n0 + BN, len_kv) - 1  # the block's last real column (< n0: none)
+    row_lo = tl.maximum(n0 - diag - right, 0)
+    row_hi = tl.minimum(n_last - diag + left + 1, len_q)
+    some = (n_last >= n0) & (row_hi > row_lo)
+    lo = tl.where(some, row_lo // BM * BM, 0)
+    hi = tl.where(some, tl.cdiv(row_hi, BM) * BM, lo)
+    # every row of a block sees the block's last column: m0 >= n0 + BN - 1 - diag - right;
+    # and its first column: m0 + BM - 1 <= n0 - diag + left; every row real: m0 + BM <= len_q
+    full_lo = tl.cdiv(tl.maximum(n0 + BN - 1 - diag - right, 0), BM) * BM
+    full_hi = tl.minimum(tl.maximum(n0 - diag + left + 1, 0) // BM * BM, len_q // BM * BM)
+    full_hi = tl.where(n0 + BN <= len_kv, full_hi, 0)  # every column real
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def column_block_ranges(
+    m0, len_q, len_kv, diag, left, right, BM: tl.constexpr, BN: tl.constexpr
+):  # fmt: skip
+    """(lo, full_lo, full_hi, hi): key column block starts (multiples of BN) for the query rows
+    [m0, m0 + BM) of a sequence, as the backward's dQ program walks them.
+
+    [lo, hi): the blocks with a real column that some real row of the block sees (empty when
+    none does). [full_lo, full_hi) inside it: the blocks whose every column is real and seen by
+    every row (all rows real too), which need no element mask. Mask geometry only, no data.
+    """
+    q_last, col_lo, col_hi = _visible_columns(m0, len_q, len_kv, diag, left, right, BM)
+    some = (q_last >= m0) & (col_hi > col_lo)
+    lo = tl.where(some, col_lo // BN * BN, 0)
+    hi = tl.where(some, tl.cdiv(col_hi, BN) * BN, lo)
+    # every column seen by the block's last row: n0 >= m0 + BM - 1 + diag - left; by its first
+    # row: n0 + BN - 1 <= m0 + diag + right; every column real: n0 + BN <= len_kv
+    full_lo = tl.cdiv(tl.maximum(m0 + BM - 1 + diag - left, 0), BN) * BN
+    full_hi = tl.minimum(tl.maximum(m0 + diag + right + 1, 0) // BN * BN, len_kv // BN * BN)
+    full_hi = tl.where(m0 + BM <= len_q, full_hi, 0)  # every row real
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def visible_pairs(rows, cols, len_q, len_kv, diag, left, right):
+    """[rows, cols] bool: may real row i see real position j (masks.allowed_positions over the
+    spans: padding rows and columns see nothing). rows, cols: int32 index vectors."""
+    first = rows + diag - left
+    last = tl.minimum(rows + diag + right, len_kv - 1)
+    ok = (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+    return ok & (rows < len_q)[:, None]
+
+
+@triton.jit
+def visible_pairs_t(cols, rows, len_q, len_kv, diag, left, right):
+    """visible_pairs transposed, built in place: [cols, rows] bool."""
+    first = rows + diag - left
+    last = tl.minimum(rows + diag + right, len_kv - 1)
+    ok = (cols[:, None] >= first[None, :]) & (cols[:, None] <= last[None, :])
+    return ok & (rows < len_q)[None, :]
