@@ -6,19 +6,23 @@
 #
 #   OUT=/some/dir bash tools/gpu_full_check.sh      (upstream TE's environment not sourced)
 #
-# 0. builds the extension once (sm_90 quantizers + the sm_90a attention kernel) into
+# 0. build: the extension once (sm_90 quantizers + the sm_90a attention kernel) into
 #    build/exact_fp8_sm90/lib; build/exact_fp8 points at it for the scripts that look there.
-# 1. the test suites, side by side on the one GPU (each under its own time limit):
-#      te       tools/gpu_te_check.sh (assembles the fork into /tmp/te-fork), then the causality
-#               audit through TE (STEPS=audit tools/gpu_audit_bench.sh)
+# 1. tests: the test suites, side by side on the one GPU (each under its own time limit):
+#      te       tools/gpu_te_check.sh (assembles the fork into /tmp/te-fork)
 #      sm90     the CUDA kernel's tests (STEPS=tests tools/gpu_sm90_check.sh)
 #      triton   the kernel tests (STEPS=tests tools/gpu_attention_check.sh)
 #      quantize the quantization tests (STEPS=tests tools/gpu_v_quant_bench.sh)
 #      cp       the context-parallel decomposition (tools/gpu_cp_check.sh)
-#      backward the backward's tests (STEPS=tests tools/gpu_backward_check.sh)
-# 2. the benchmarks, one after the other on the then idle GPU: the sm90 forward table with TE's
-#    rows (under the assembled fork), the V quantization bandwidth, the backward, the host time.
-# STEPS (default "build tests bench") selects the phases.
+#      backward the backward's kernel tests (STEPS=tests tools/gpu_backward_check.sh)
+# 2. te2: what needs the fork assembled by step te, side by side: the causality audit through TE
+#    (STEPS=audit tools/gpu_audit_bench.sh) and the backward through DotProductAttention and
+#    TransformerLayer (STEPS=te tools/gpu_backward_check.sh).
+# 3. bench: the benchmarks, one after the other on the then idle GPU: the sm90 forward table with
+#    TE's rows (under the assembled fork), the V quantization bandwidth, the backward, the host
+#    time. ROUNDS (default 3) their rounds.
+# STEPS (default "build tests te2 bench") selects the phases; a later call on the same machine may
+# run "te2 bench" alone (the build and /tmp/te-fork stay).
 #
 # Each step writes into its own folder under $WORK (default /tmp/gpu_full_check); $OUT receives
 # them as one results.tar.gz and a summary.txt (step, exit status, last lines), also printed.
@@ -27,7 +31,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
 WORK=${WORK:-/tmp/gpu_full_check}
-STEPS=${STEPS:-build tests bench}
+STEPS=${STEPS:-build tests te2 bench}
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
 SUMMARY=$OUT/summary.txt
@@ -68,10 +72,6 @@ step() {  # step NAME LIMIT_S COMMAND...: run it with OUT=$WORK/NAME under a tim
   report "$name" $?
 }
 
-te_then_audit() {
-  PYTEST_TIMEOUT=330 bash tools/gpu_te_check.sh || return $?
-  STEPS=audit TE_FORK_DIR=/tmp/te-fork bash tools/gpu_audit_bench.sh
-}
 
 sm90_speed_through_te() {  # the sm90 table with TE's rows: under the fork assembled by step te
   (
@@ -100,34 +100,44 @@ if has_step build; then
   rm -rf build/exact_fp8 && ln -s exact_fp8_sm90 build/exact_fp8
 fi
 
-if has_step tests; then
-  declare -A pids
-  run_bg() {  # run_bg NAME LIMIT_S COMMAND...: step in the background
-    local name=$1 limit=$2
-    shift 2
-    mkdir -p "$WORK/$name"
-    echo "== $(date -u +%FT%TZ) $name (background): $*" | tee -a "$SUMMARY"
-    (OUT="$WORK/$name" limited "$limit" "$@" > "$WORK/$name/stdout.txt" 2>&1) &
-    pids[$name]=$!
-  }
-  run_bg te 420 te_then_audit
-  STEPS=tests run_bg sm90 200 bash tools/gpu_sm90_check.sh
-  STEPS=tests run_bg triton 300 bash tools/gpu_attention_check.sh
-  STEPS=tests run_bg quantize 200 bash tools/gpu_v_quant_bench.sh
-  run_bg cp 240 bash tools/gpu_cp_check.sh
-  [ -f tools/gpu_backward_check.sh ] && STEPS=tests run_bg backward 300 \
-    bash tools/gpu_backward_check.sh
+declare -A pids
+run_bg() {  # run_bg NAME LIMIT_S COMMAND...: step in the background
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$WORK/$name"
+  echo "== $(date -u +%FT%TZ) $name (background): $*" | tee -a "$SUMMARY"
+  (OUT="$WORK/$name" limited "$limit" "$@" > "$WORK/$name/stdout.txt" 2>&1) &
+  pids[$name]=$!
+}
+wait_all() {  # the background steps: wait for each, then report it
+  local name
   for name in "${!pids[@]}"; do
     wait "${pids[$name]}"
     report "$name" $?
   done
+  pids=()
+}
+
+if has_step tests; then
+  PYTEST_TIMEOUT=300 run_bg te 420 bash tools/gpu_te_check.sh
+  STEPS=tests run_bg sm90 200 bash tools/gpu_sm90_check.sh
+  STEPS=tests run_bg triton 300 bash tools/gpu_attention_check.sh
+  STEPS=tests run_bg quantize 200 bash tools/gpu_v_quant_bench.sh
+  run_bg cp 240 bash tools/gpu_cp_check.sh
+  STEPS=tests run_bg backward 430 bash tools/gpu_backward_check.sh
+  wait_all
+fi
+
+if has_step te2; then
+  STEPS=audit TE_FORK_DIR=/tmp/te-fork run_bg audit 200 bash tools/gpu_audit_bench.sh
+  STEPS=te TE_FORK_DIR=/tmp/te-fork run_bg backward_te 200 bash tools/gpu_backward_check.sh
+  wait_all
 fi
 
 if has_step bench; then
   step speed 200 sm90_speed_through_te
   STEPS=bench step v_quant 120 bash tools/gpu_v_quant_bench.sh
-  [ -f tools/gpu_backward_check.sh ] && STEPS=bench step backward_bench 150 \
-    bash tools/gpu_backward_check.sh
+  STEPS=speed step backward_bench 200 bash tools/gpu_backward_check.sh
   [ -f tools/gpu_host_time.sh ] && step host_time 120 bash tools/gpu_host_time.sh
 fi
 
