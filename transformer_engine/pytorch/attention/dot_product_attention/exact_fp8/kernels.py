@@ -21,7 +21,10 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["BACKENDS", "attention_forward", "backend_available", "head_dims", "select_backend"]
+__all__ = [
+    "BACKENDS", "attention_forward", "backend_available", "device_capability", "head_dims",
+    "select_backend",
+]  # fmt: skip
 
 BACKENDS = ("triton", "cuda")
 
@@ -41,6 +44,18 @@ def backend_available(backend: str) -> bool:
             return False
         return torch.cuda.get_device_capability() == (9, 0)
     return importlib.util.find_spec("triton") is not None
+
+
+def device_capability(device: torch.device) -> Tuple[int, int]:
+    """torch.cuda.get_device_capability of a CUDA device, cached per device index (it does not
+    change in a process; torch's query costs a few microseconds of host time per call)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_capability(index: int) -> Tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def select_backend() -> str:
@@ -67,17 +82,25 @@ def attention_forward(
     q, k, v and the keyword arguments as triton.attention.exact_fp8_attention_forward takes them;
     out has q's shape and dtype, lse is fp32 [h, t_q] (natural log, -inf for a row that sees
     nothing). The "cuda" backend raises ValueError for what it does not run yet."""
-    backend = select_backend() if backend is None else backend
+    launcher = _LAUNCHERS.get(select_backend() if backend is None else backend)
+    if launcher is None:
+        launcher = _launcher(select_backend() if backend is None else backend)
+    return launcher(q, k, v, **kwargs)
+
+
+_LAUNCHERS = {}  # backend -> its exact_fp8_attention_forward, imported on first use
+
+
+def _launcher(backend: str):
     _check_backend(backend)
     if backend == "triton":
         from .triton.attention import exact_fp8_attention_forward
-
-        return exact_fp8_attention_forward(q, k, v, **kwargs)
-    if backend == "cuda":
+    elif backend == "cuda":
         from .cuda.attention import exact_fp8_attention_forward
-
-        return exact_fp8_attention_forward(q, k, v, **kwargs)
-    raise AssertionError(f"no launcher for backend {backend!r}")
+    else:
+        raise AssertionError(f"no launcher for backend {backend!r}")
+    _LAUNCHERS[backend] = exact_fp8_attention_forward
+    return exact_fp8_attention_forward
 
 
 def _check_backend(backend: str) -> None:
