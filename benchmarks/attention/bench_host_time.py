@@ -24,8 +24,10 @@ median over repeats. Ratios are to "sdpa cudnn" of the same run (target: fork <=
 Part 2, at b=2, s=8192, h=16, d=128, causal: GPU time (CUDA events around one call, median of
 25 after 5 warm-up calls) of the CUDA backend's full forward, its kernel alone on operands
 quantized beforehand, and its Q/K/V quantization alone; "host gaps" = forward - kernel -
-quantization (time the GPU waits for the host between the small launches). The Triton backend's
-forward for reference.
+quantization (time the GPU waits for the host between the small launches, and for the host's
+work before the first one); "cuda forward queued": the forward's GPU time per call with 10 calls
+queued behind a sleep kernel (no host gaps: what a call costs inside a busy stream, median of 5).
+The Triton backend's forward for reference.
 
 Entries that cannot run here (no CUDA backend: it needs the extension built with the sm_90a
 kernel and an sm90 GPU; no transformer_engine) are skipped with the reason. Writes
@@ -282,6 +284,8 @@ def part2(skipped):
         rows["cuda host gaps"] = (
             rows["cuda forward"] - rows["cuda kernel"] - rows["cuda quantization"]
         )
+        forward = Entry(lambda: kernels.attention_forward(q, k, v, backend="cuda", **KW))
+        rows["cuda forward queued"] = statistics.median(gpu_us(forward, 10) for _ in range(5)) / 1e3
     else:
         skipped["part 2 cuda"] = skipped.get("fork cuda", "the CUDA backend is not available")
     if kernels.backend_available("triton"):
