@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Every GPU check of the fork, one after the other, on a GPU machine without network where
-# upstream TE 2.20.2 is staged (shared/device/upstream-te.sh; the TE steps load it through
-# tools/gpu_fork_env.sh, the kernel steps run without it):
+# Every GPU check of the fork in one go, on a GPU machine without network where upstream TE 2.20.2
+# is staged (shared/device/upstream-te.sh; the TE steps load it through tools/gpu_fork_env.sh, the
+# kernel steps run without it) and the pinned CUTLASS wheel is in build/artifacts (or
+# NVTE_FORK_ARTIFACTS_DIR):
 #
 #   OUT=/some/dir bash tools/gpu_full_check.sh      (upstream TE's environment not sourced)
 #
-# 1. TE integration tests            tools/gpu_te_check.sh
-# 2. causality audit through TE      STEPS=audit tools/gpu_audit_bench.sh
-# 3. kernel and quantization tests   STEPS="build tests" tools/gpu_attention_check.sh, plus
-#                                    tests/pytorch/attention/test_exact_fp8_quantize.py
-# 4. benchmarks on an otherwise idle GPU: the kernel's speed table (STEPS=speed
-#    tools/gpu_attention_check.sh, ROUNDS rounds, default 3), then the TE-API benchmark
-#    (STEPS=bench tools/gpu_audit_bench.sh)
+# 0. builds the extension once (sm_90 quantizers + the sm_90a attention kernel) into
+#    build/exact_fp8_sm90/lib; build/exact_fp8 points at it for the scripts that look there.
+# 1. the test suites, side by side on the one GPU (each under its own time limit):
+#      te       tools/gpu_te_check.sh (assembles the fork into /tmp/te-fork), then the causality
+#               audit through TE (STEPS=audit tools/gpu_audit_bench.sh)
+#      sm90     the CUDA kernel's tests (STEPS=tests tools/gpu_sm90_check.sh)
+#      triton   the kernel tests (STEPS=tests tools/gpu_attention_check.sh)
+#      quantize the quantization tests (STEPS=tests tools/gpu_v_quant_bench.sh)
+#      cp       the context-parallel decomposition (tools/gpu_cp_check.sh)
+#      backward the backward's tests (STEPS=tests tools/gpu_backward_check.sh)
+# 2. the benchmarks, one after the other on the then idle GPU: the sm90 forward table with TE's
+#    rows (under the assembled fork), the V quantization bandwidth, the backward, the host time.
+# STEPS (default "build tests bench") selects the phases.
 #
 # Each step writes into its own folder under $WORK (default /tmp/gpu_full_check); $OUT receives
 # them as one results.tar.gz and a summary.txt (step, exit status, last lines), also printed.
@@ -20,28 +27,60 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
 WORK=${WORK:-/tmp/gpu_full_check}
+STEPS=${STEPS:-build tests bench}
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 failed=0
+cd "$ROOT"
+if [ -z "${NVTE_FORK_ARTIFACTS_DIR:-}" ] && [ -d "$ROOT/build/artifacts" ]; then
+  export NVTE_FORK_ARTIFACTS_DIR=$ROOT/build/artifacts
+fi
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
-step() {  # step NAME COMMAND...: run it with OUT=$WORK/NAME, record the exit status and tail
-  local name=$1 rc
-  shift
-  mkdir -p "$WORK/$name"
-  echo "== $(date -u +%FT%TZ) $name: $*" | tee -a "$SUMMARY"
-  OUT="$WORK/$name" "$@" > "$WORK/$name/stdout.txt" 2>&1
-  rc=$?
+report() {  # report NAME RC: record a finished step's exit status and tail
+  local name=$1 rc=$2
   [ "$rc" -ne 0 ] && failed=1
-  echo "== $name exit status $rc" | tee -a "$SUMMARY"
-  tail -n "${TAIL_LINES:-25}" "$WORK/$name/stdout.txt" | tee -a "$SUMMARY"
+  {
+    echo "== $(date -u +%FT%TZ) $name exit status $rc"
+    tail -n "${TAIL_LINES:-12}" "$WORK/$name/stdout.txt"
+  } | tee -a "$SUMMARY"
   tar -czf "$OUT/results.tar.gz" -C "$WORK" .  # after every step: a time limit loses nothing
 }
 
-quantize_tests() {
-  PYTHONPATH="$ROOT/build/exact_fp8/lib:$ROOT${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q \
-    -p no:cacheprovider tests/pytorch/attention/test_exact_fp8_quantize.py
+limited() {  # limited LIMIT_S COMMAND...: the command (or a function of this script) timed
+  local limit=$1
+  shift
+  if declare -F "$1" > /dev/null; then
+    timeout "$limit" bash -c "$(declare -f "$1"); $1"
+  else
+    timeout "$limit" "$@"
+  fi
+}
+
+step() {  # step NAME LIMIT_S COMMAND...: run it with OUT=$WORK/NAME under a time limit
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$WORK/$name"
+  echo "== $(date -u +%FT%TZ) $name: $*" | tee -a "$SUMMARY"
+  OUT="$WORK/$name" limited "$limit" "$@" > "$WORK/$name/stdout.txt" 2>&1
+  report "$name" $?
+}
+
+te_then_audit() {
+  PYTEST_TIMEOUT=330 bash tools/gpu_te_check.sh || return $?
+  STEPS=audit TE_FORK_DIR=/tmp/te-fork bash tools/gpu_audit_bench.sh
+}
+
+sm90_speed_through_te() {  # the sm90 table with TE's rows: under the fork assembled by step te
+  (
+    source tools/gpu_fork_env.sh
+    LOG=$OUT/log.txt
+    log() { echo "$*" | tee -a "$LOG"; }
+    TE_FORK_DIR=/tmp/te-fork use_fork || exit 1
+    python3 benchmarks/attention/bench_sm90_forward.py --out "$OUT" --rounds "${ROUNDS:-3}"
+  )
 }
 
 # The kernel steps import this repository's exact_fp8 package, which an upstream TE package on
@@ -55,13 +94,42 @@ for entry in "${path_entries[@]}"; do
   fi
 done
 
-cd "$ROOT"
-step te bash tools/gpu_te_check.sh
-STEPS=audit step audit bash tools/gpu_audit_bench.sh
-STEPS="build tests" step kernel bash tools/gpu_attention_check.sh
-step quantize quantize_tests
-STEPS=speed ROUNDS=${ROUNDS:-3} step speed bash tools/gpu_attention_check.sh
-STEPS=bench step bench bash tools/gpu_audit_bench.sh
+if has_step build; then
+  step build 300 python3 -m build_tools.cmake_build --build-dir build/exact_fp8_sm90/cmake \
+    --install-dir build/exact_fp8_sm90/lib --arch 90
+  rm -rf build/exact_fp8 && ln -s exact_fp8_sm90 build/exact_fp8
+fi
+
+if has_step tests; then
+  declare -A pids
+  run_bg() {  # run_bg NAME LIMIT_S COMMAND...: step in the background
+    local name=$1 limit=$2
+    shift 2
+    mkdir -p "$WORK/$name"
+    echo "== $(date -u +%FT%TZ) $name (background): $*" | tee -a "$SUMMARY"
+    (OUT="$WORK/$name" limited "$limit" "$@" > "$WORK/$name/stdout.txt" 2>&1) &
+    pids[$name]=$!
+  }
+  run_bg te 420 te_then_audit
+  STEPS=tests run_bg sm90 200 bash tools/gpu_sm90_check.sh
+  STEPS=tests run_bg triton 300 bash tools/gpu_attention_check.sh
+  STEPS=tests run_bg quantize 200 bash tools/gpu_v_quant_bench.sh
+  run_bg cp 240 bash tools/gpu_cp_check.sh
+  [ -f tools/gpu_backward_check.sh ] && STEPS=tests run_bg backward 300 \
+    bash tools/gpu_backward_check.sh
+  for name in "${!pids[@]}"; do
+    wait "${pids[$name]}"
+    report "$name" $?
+  done
+fi
+
+if has_step bench; then
+  step speed 200 sm90_speed_through_te
+  STEPS=bench step v_quant 120 bash tools/gpu_v_quant_bench.sh
+  [ -f tools/gpu_backward_check.sh ] && STEPS=bench step backward_bench 150 \
+    bash tools/gpu_backward_check.sh
+  [ -f tools/gpu_host_time.sh ] && step host_time 120 bash tools/gpu_host_time.sh
+fi
 
 echo "== all steps passed: $([ "$failed" -eq 0 ] && echo yes || echo NO)" | tee -a "$SUMMARY"
 exit "$failed"

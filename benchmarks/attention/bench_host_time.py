@@ -184,7 +184,12 @@ def _te_entries(shape, skipped):
             return te.autocast(enabled=fp8, recipe=rec)
 
         def check(fp8=fp8):
-            return "mask-exact calls %d" % status.status().mask_exact_calls if fp8 else ""
+            if not fp8:
+                return ""
+            ran = status.status()
+            return (
+                f"mask-exact calls {ran.mask_exact_calls}, kernel backend {kernels.last_backend()}"
+            )
 
         def module(train):
             dpa = te.DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal").cuda()

@@ -2,12 +2,17 @@
 
     python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3]
 
-Causal bshd, bf16, b = 2, h = 16, d = 128, s = 4k, 8k, 16k (current scaling). Entries:
+Causal bshd, bf16, d = 128 (current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
+h = 64, h_kv = 8 at s = 8k, 16k. Entries:
   "cuda"          the CUDA backend's forward, Q/K/V quantization included
   "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
   "quantize"      the CUDA backend's Q, K and V quantization alone (what "cuda" adds)
   "triton"        the Triton backend's forward (K/V quantization included; Q cast in-kernel)
   "sdpa flash", "sdpa cudnn"  torch's BF16 scaled_dot_product_attention backends
+  "te fork", "te bf16", "te delayed"  TE's DotProductAttention (eval, no grad) under
+                  Float8CurrentScaling(fp8_dpa=True) (the fork's mask-exact path), autocast off,
+                  and DelayedScaling(fp8_dpa=True) (upstream's per-tensor cuDNN FP8 SDPA); only
+                  where transformer_engine imports
 FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing: the
 median of CUDA-event timings (25 calls after 5 warm-up calls) per entry, entries taken
 round-robin --rounds times; the table shows the median over rounds. A missing entry (no Triton,
@@ -17,6 +22,7 @@ Writes DIR/sm90_forward.md and DIR/sm90_forward.json, and prints the table.
 """
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -27,7 +33,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+try:  # an installed (or assembled) fork, whose TE rows can run
+    importlib.import_module("transformer_engine.pytorch.attention.dot_product_attention.exact_fp8")
+except ImportError:  # the checkout: the kernel rows only
+    sys.path.insert(0, str(ROOT))
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
@@ -36,9 +45,12 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda i
     attention as cuda_attention,
 )
 
-BATCH, HEADS, HEAD_DIM = 2, 16, 128
-SEQLENS = (4096, 8192, 16384)
-ENTRIES = ("cuda", "cuda kernel", "quantize", "triton", "sdpa flash", "sdpa cudnn")
+HEAD_DIM = 128
+# (b, h, h_kv, s)
+SHAPES = [(2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8192),
+          (1, 64, 8, 16384)]  # fmt: skip
+ENTRIES = ("cuda", "cuda kernel", "quantize", "triton", "sdpa flash", "sdpa cudnn", "te fork")
+ENTRIES += ("te bf16", "te delayed")
 
 
 def _time_ms(fn, warmup=5, calls=25) -> float:
@@ -68,24 +80,52 @@ def _entries(q, k, v):
     if kernels.backend_available("triton"):
         entries["triton"] = lambda: kernels.attention_forward(q, k, v, backend="triton", **kw)
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    gqa = q.shape[2] != k.shape[2]
     for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                           ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
 
         def sdpa(backend=backend):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+                return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
 
         entries[name] = sdpa
+    entries.update(_te_entries(q, k, v))
     return entries
+
+
+def _te_entries(q, k, v):
+    """TE's DotProductAttention under the fork's recipe, BF16 and DelayedScaling (if TE imports)."""
+    try:
+        import transformer_engine.pytorch as te
+        from transformer_engine.common import recipe
+    except ImportError:
+        return {}
+    dpa = te.DotProductAttention(
+        q.shape[2], q.shape[3], num_gqa_groups=k.shape[2], qkv_format="bshd",
+        attn_mask_type="causal",
+    ).cuda().eval()  # fmt: skip
+    recipes = {
+        "te fork": recipe.Float8CurrentScaling(fp8_dpa=True),
+        "te bf16": None,
+        "te delayed": recipe.DelayedScaling(fp8_dpa=True),
+    }
+
+    def call(r):
+        with torch.no_grad(), te.autocast(enabled=r is not None, recipe=r):
+            return dpa(q, k, v)
+
+    return {name: (lambda r=r: call(r)) for name, r in recipes.items()}
 
 
 def speed_table(rounds: int):
     results, skipped = {}, {}
-    for s in SEQLENS:
+    for shape in SHAPES:
+        b, h, h_kv, s = shape
         gen = torch.Generator(device="cuda").manual_seed(s)
-        q, k, v = (
-            torch.randn(BATCH, s, HEADS, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-            for _ in range(3)
+        q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+        k, v = (
+            torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+            for _ in range(2)
         )
         runnable = {}
         for name, fn in _entries(q, k, v).items():
@@ -93,7 +133,7 @@ def speed_table(rounds: int):
                 fn()
                 torch.cuda.synchronize()
             except (RuntimeError, ValueError) as err:  # e.g. an SDPA backend not offered here
-                skipped[f"{name} s={s}"] = str(err).splitlines()[0]
+                skipped[f"{name} {shape}"] = str(err).splitlines()[0]
             else:
                 runnable[name] = fn
         times = {name: [] for name in runnable}
@@ -101,27 +141,34 @@ def speed_table(rounds: int):
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(_time_ms(runnable[name]))
-        flops = 2 * BATCH * HEADS * s * s * HEAD_DIM
+        flops = 2 * b * h * s * s * HEAD_DIM
         for name, t in times.items():
             ms = statistics.median(t)
-            results[(s, name)] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+            results[(shape, name)] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+        del q, k, v, runnable
+        torch.cuda.empty_cache()
     return results, skipped
 
 
 def markdown(results, rounds) -> str:
+    entries = [e for e in ENTRIES if any(name == e for _, name in results)]
     lines = [
-        f"sm90 CUDA forward vs Triton and BF16 SDPA: causal bshd bf16, b={BATCH}, h={HEADS},"
-        f" d={HEAD_DIM}; TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds)",
+        f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
+        f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds)",
         "",
-        "| s | " + " | ".join(ENTRIES) + " |",
-        "|---|" + "---|" * len(ENTRIES),
+        "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa |",
+        "|---|" + "---|" * (len(entries) + 1),
     ]
-    for s in SEQLENS:
+    for shape in SHAPES:
         cells = []
-        for name in ENTRIES:
-            r = results.get((s, name))
+        for name in entries:
+            r = results.get((shape, name))
             cells.append(f"{r['tflops']:.0f} ({r['ms']:.2f} ms)" if r else "-")
-        lines.append(f"| {s // 1024}k | " + " | ".join(cells) + " |")
+        sdpa = [results[(shape, n)]["ms"] for n in ("sdpa flash", "sdpa cudnn")
+                if (shape, n) in results]  # fmt: skip
+        ratio = f"{min(sdpa) / results[(shape, 'cuda')]['ms']:.2f}x" if sdpa else "-"
+        b, h, h_kv, s = shape
+        lines.append(f"| {b}, {h}, {h_kv}, {s // 1024}k | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,7 +186,7 @@ def main():
     (args.out / "sm90_forward.md").write_text(table)
     payload = dict(
         device=torch.cuda.get_device_name(),
-        results=[dict(s=s, entry=name, **r) for (s, name), r in results.items()],
+        results=[dict(shape=list(shape), entry=name, **r) for (shape, name), r in results.items()],
         skipped=skipped,
     )
     (args.out / "sm90_forward.json").write_text(json.dumps(payload, indent=2))

@@ -33,18 +33,19 @@ REPLAYS = 10
 TARGET = 0.80
 
 
-def _graph_seconds(step) -> float:
-    """Median seconds per call of step(i) over REPLAYS replays of a graph of CALLS_PER_GRAPH."""
+def _graph_seconds(step, inputs: int = INPUTS) -> float:
+    """Median seconds per call of step(i) over REPLAYS replays of a graph of CALLS_PER_GRAPH,
+    i rotating over `inputs` inputs."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for i in range(INPUTS):  # warm-up outside the capture
+        for i in range(inputs):  # warm-up outside the capture
             step(i)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(CALLS_PER_GRAPH):
-            step(i % INPUTS)
+            step(i % inputs)
     graph.replay()
     times = []
     for _ in range(REPLAYS):

@@ -299,7 +299,7 @@ def test_device_support_caches_the_static_part_and_asks_onnx_per_call(monkeypatc
     try:
         first = backend._device_support()
         assert first == dict(
-            compute_capability=(9, 0), head_dims=kernels.head_dims(kernels.select_backend()),
+            compute_capability=(9, 0), head_dims=kernels.head_dims("triton"),
             triton_available=True, extension_available=quantize.extension_available(),
             onnx_export=False,
         )  # fmt: skip

@@ -92,18 +92,20 @@ def test_attention_forward_runs_the_selected_backends_launcher(monkeypatch):
     assert out is q and calls == [dict(recipe="current", attn_mask_type="causal")]
 
 
-def test_cuda_backend_is_listed_but_never_selected():
+def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):
     """The sm90 CUDA kernel is a named backend; without an sm90 GPU and the extension's kernel it
-    is not available, and select_backend() does not choose it in any case (not yet measured)."""
+    is not available, and then the default (auto) choice is the Triton kernel."""
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     assert kernels.BACKENDS == ("triton", "cuda")
     assert kernels.head_dims("cuda") == (128,)
-    assert kernels.select_backend() == "triton"
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
 
     sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     assert kernels.backend_available("cuda") == (sm90 and attention.extension_has_kernel())
     if not torch.cuda.is_available():
         assert not kernels.backend_available("cuda")
+    expected = "cuda" if kernels.backend_available("cuda") else "triton"
+    assert kernels.select_backend() == expected
     with pytest.raises(ValueError, match="backend must be one of"):
         kernels.attention_forward(None, None, None, backend="cudnn")
 
@@ -124,3 +126,53 @@ def test_cuda_backend_refuses_what_it_does_not_run(change, match):
     kw.update(change)
     with pytest.raises(ValueError, match=match):
         kernels.attention_forward(x, x, x, backend="cuda", **kw)
+
+
+@pytest.mark.parametrize(
+    "value, expected", [("triton", "triton"), ("cuda", "cuda"), (" CUDA ", "cuda"), ("auto", None)]
+)
+def test_backend_env_var_forces_a_backend(monkeypatch, value, expected):
+    monkeypatch.setenv(kernels.BACKEND_ENV, value)
+    if expected is None:  # auto: the CUDA kernel where it runs, else Triton
+        expected = "cuda" if kernels.backend_available("cuda") else "triton"
+    assert kernels.select_backend() == expected
+    q = torch.zeros(1, 4, 1, 64)
+    assert kernels.choose_backend(q, q, q, recipe="current") == expected
+
+
+def test_backend_env_var_rejects_unknown_names(monkeypatch):
+    monkeypatch.setenv(kernels.BACKEND_ENV, "cudnn")
+    with pytest.raises(ValueError, match="NVTE_FP8_DPA_MASK_EXACT_BACKEND must be one of"):
+        kernels.select_backend()
+
+
+def test_cuda_unsupported_reason_names_what_it_does_not_run():
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
+
+    q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
+    reasons = {
+        "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
+        "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd"),
+        "mask": attention.unsupported_reason(q, q, q, recipe="current", attn_mask_type="padding"),
+        "dtype": attention.unsupported_reason(*(q.half(),) * 3, recipe="current"),
+    }
+    assert "recipe 'mxfp8'" in reasons["recipe"]
+    assert "qkv_format 'sbhd'" in reasons["format"]
+    assert "attn_mask_type 'padding'" in reasons["mask"]
+    assert "bf16 only" in reasons["dtype"]
+    kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
+    assert "argument(s) kv_fp8" in kv
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    assert "cu_seqlens" in attention.unsupported_reason(q, q, q, recipe="current", cu_seqlens_q=cu)
+
+
+def test_last_backend_records_the_backend_that_ran(monkeypatch):
+    pytest.importorskip("triton", reason="the Triton backend needs Triton")
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
+        attention as launcher,
+    )
+
+    monkeypatch.setattr(launcher, "exact_fp8_attention_forward", lambda q, k, v, **kw: (q, q))
+    q = torch.zeros(1, 2, 1, 64)
+    kernels.attention_forward(q, q, q, backend="triton", recipe="current")
+    assert kernels.last_backend() == "triton"

@@ -73,10 +73,19 @@ def _triton(q, k, v, mask):
     )
 
 
-def test_backend_is_available_here_but_not_selected():
+def test_backend_is_available_and_chosen_for_what_it_runs(monkeypatch):
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     assert kernels.backend_available("cuda")
-    assert kernels.select_backend() == "triton"  # not the default until it has been measured
+    assert kernels.select_backend() == "cuda"
     assert kernels.head_dims("cuda") == (128,)
+    q, k, v = _inputs(0, 1, 128, 128, 2, 2)
+    assert kernels.choose_backend(q, k, v, recipe="current", attn_mask_type="causal") == "cuda"
+    # what the kernel does not run goes to the Triton kernel, never elsewhere
+    kw = dict(recipe="current", attn_mask_type="padding_causal")
+    assert kernels.choose_backend(q, k, v, **kw) == "triton"
+    assert kernels.choose_backend(q.half(), k.half(), v.half(), recipe="current") == "triton"
+    monkeypatch.setenv(kernels.BACKEND_ENV, "triton")
+    assert kernels.choose_backend(q, k, v, recipe="current", attn_mask_type="causal") == "triton"
 
 
 # -------------------------------------------------------------------- exactness (headline)

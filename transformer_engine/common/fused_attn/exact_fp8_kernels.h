@@ -19,12 +19,6 @@ enum class RowRule {
   kMxfp8,     // one E8M0 code per 32 channels of a (token, head)
 };
 
-/* Which scale each chunk kernel computes. See Note [Mask-exact FP8 scaling]. */
-enum class ChunkRule {
-  kCurrent,  // one current scale per (head, chunk): amax over its tokens and channels
-  kMxfp8,    // one E8M0 code per (head, chunk of 32 tokens, channel)
-};
-
 /* Options of the current-scaling rule (ignored by the MXFP8 rules). */
 struct ScaleOptions {
   bool use_power_2_scales;
@@ -45,11 +39,18 @@ inline bool is_vectorizable(const NVTEExactFP8TokenView &x) {
 cudaError_t launch_rowwise_cast(RowRule rule, const NVTEExactFP8TokenView &x, ScaleOptions opts,
                                 uint8_t *data, void *scales, cudaStream_t stream);
 
-/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scales: fp32 scale_inv
- * [heads, num_chunks] for the current rule, E8M0 codes [heads, num_chunks, head_dim] for MXFP8. */
-cudaError_t launch_chunk_cast_transposed(ChunkRule rule, const NVTEExactFP8TokenView &v,
-                                         const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
-                                         uint8_t *data_t, int64_t data_t_stride, void *scales,
+/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scale_inv [heads, num_chunks]
+ * fp32: one current scale per (head, chunk). */
+cudaError_t launch_current_cast_transposed(const NVTEExactFP8TokenView &v,
+                                           const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
+                                           uint8_t *data_t, int64_t data_t_stride, float *scale_inv,
+                                           cudaStream_t stream);
+
+/* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scales [heads, num_chunks,
+ * head_dim] E8M0 codes: one per (head, chunk of 32 tokens, channel). */
+cudaError_t launch_mxfp8_cast_transposed(const NVTEExactFP8TokenView &v,
+                                         const NVTEExactFP8Chunks &chunks, uint8_t *data_t,
+                                         int64_t data_t_stride, uint8_t *scales,
                                          cudaStream_t stream);
 
 /* Offsets of a thd pack's sequences ([num_seqs + 1] int32 each, columns may be null): see

@@ -1,7 +1,7 @@
 /*
  * C API of the mask-exact FP8 quantizers (transformer_engine/exact_fp8_quantize.h): argument
  * validation, error reporting, dispatch to the kernels of exact_fp8_rowwise.cu,
- * exact_fp8_transposed.cu and exact_fp8_offsets.cu.
+ * exact_fp8_transposed_current.cu, exact_fp8_transposed.cu and exact_fp8_offsets.cu.
  */
 #include <stdint.h>
 
@@ -132,7 +132,6 @@ NVTEExactFP8Status guarded(const char *function, Body body) {
 }  // namespace exact_fp8
 }  // namespace transformer_engine
 
-using transformer_engine::exact_fp8::ChunkRule;
 using transformer_engine::exact_fp8::RowRule;
 using transformer_engine::exact_fp8::ScaleOptions;
 namespace ef = transformer_engine::exact_fp8;
@@ -189,11 +188,10 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_transposed(
     }
     if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
     const ScaleOptions opts{use_power_2_scales != 0, amax_epsilon};
-    return ef::finish(
-        ef::launch_chunk_cast_transposed(ChunkRule::kCurrent, *v, *chunks, opts,
-                                         static_cast<uint8_t *>(data_t), data_t_stride,
-                                         scale_inv, stream),
-        kName);
+    return ef::finish(ef::launch_current_cast_transposed(*v, *chunks, opts,
+                                                         static_cast<uint8_t *>(data_t),
+                                                         data_t_stride, scale_inv, stream),
+                      kName);
   });
 }
 
@@ -212,11 +210,9 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
       err = ef::check_transposed_output(*v, *chunks, data_t, data_t_stride, scales);
     }
     if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
-    return ef::finish(
-        ef::launch_chunk_cast_transposed(ChunkRule::kMxfp8, *v, *chunks, ScaleOptions{false, 0.0f},
-                                         static_cast<uint8_t *>(data_t), data_t_stride, scales,
-                                         stream),
-        kName);
+    return ef::finish(ef::launch_mxfp8_cast_transposed(*v, *chunks, static_cast<uint8_t *>(data_t),
+                                                       data_t_stride, scales, stream),
+                      kName);
   });
 }
 

@@ -2,7 +2,7 @@
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
  * ping-ponged, softmax overlapped with the next tile's Q.K^T inside each warpgroup.
  *
- * Grid: (query tiles, b * h), causal tiles longest first. Block: three warpgroups (384 threads).
+ * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three warpgroups (384 threads).
  *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
  *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
  *     barriers; setmaxnreg gives its registers to the consumers.
@@ -208,9 +208,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   AttentionParams const &p = kp.p;
 
   const int warpgroup = threadIdx.x / 128;
-  const int q_tile = p.causal ? p.num_q_tiles - 1 - blockIdx.x : blockIdx.x;
-  const int batch = blockIdx.y / p.heads;
-  const int head = blockIdx.y % p.heads;
+  // CTAs start in blockIdx order, x fastest: every (sample, head)'s longest causal tile first.
+  const int q_tile = p.causal ? p.num_q_tiles - 1 - blockIdx.y : blockIdx.y;
+  const int batch = blockIdx.x / p.heads;
+  const int head = blockIdx.x % p.heads;
   const int kv_head = head / (p.heads / p.heads_kv);
   const KVTileRange range = kv_tile_range(p, q_tile);
 

@@ -33,8 +33,9 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
   if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
   const int64_t limit = INT32_MAX;
-  if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > 65535) {
-    return "b * s and b * h out of range (b * s < 2^31, b * h <= 65535)";
+  if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > limit ||
+      (a.seqlen_q + kQTile - 1) / kQTile > 65535) {
+    return "b * s, b * h or s_q out of range (b * s < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
   }
   if (!a.q8 || !a.q_scale || !a.k8 || !a.k_scale || !a.v8t || !a.v_scale || !a.cu_chunks ||
       !a.cu_vt || !a.v || !a.out || !a.lse) {
@@ -108,7 +109,7 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
-  const dim3 grid(p.num_q_tiles, b * h);
+  const dim3 grid(b * h, p.num_q_tiles);
   attention_fwd_kernel<<<grid, kThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));

@@ -12,6 +12,7 @@ The rules and the quantization API sit at this level; each other concern has its
   testing.py    numeric helpers shared by tests, benchmarks and the audit
   triton/       the Triton kernel backend
   cuda/         the sm90 CUDA (CuTe) kernel backend, not selected by default yet
+  context_parallel/  context parallelism: the ring's chunking, payload, steps and merge
   te/           Transformer Engine glue: dispatch, autograd, recipe
   reference/    the pure-PyTorch oracle
   audit/        the causality audit CLI

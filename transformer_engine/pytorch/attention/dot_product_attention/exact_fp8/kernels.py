@@ -7,26 +7,41 @@ the benchmarks) runs the forward through `attention_forward`; none imports a bac
 itself. Backends (each a folder of this package):
 
   "triton"  triton/: the Triton kernel and its launcher, for every GPU Triton runs FP8 on (sm89+).
-  "cuda"    cuda/: the CUDA C++ (CuTe) kernel for sm90, bshd / bf16 / d = 128 / current scaling /
-            causal or no mask so far. Not yet run on hardware: select_backend never picks it;
-            callers ask for it by name (attention_forward(..., backend="cuda")), as its tests do.
+  "cuda"    cuda/: the CUDA C++ (CuTe) kernel for sm90 (docs/attention_kernel_sm90.md): bshd,
+            bf16, d = 128, current scaling, causal or no mask so far.
 
-`select_backend` is where a backend is chosen; a backend that cannot run a call never hands it to
-a leaky path (see Note [Mask-exact FP8 scaling] in formats.py).
+Which backend runs a call (`choose_backend`): NVTE_FP8_DPA_MASK_EXACT_BACKEND = "triton" or
+"cuda" forces one (a forced "cuda" raises ValueError for what it does not run); unset or "auto",
+the CUDA kernel runs every call it supports on an sm90 GPU whose extension holds it, and the
+Triton kernel runs the rest (a debug line on TE's DotProductAttention logger names why). No
+backend hands a call it cannot run to a leaky path (Note [Mask-exact FP8 scaling], formats.py).
 """
 
 import functools
 import importlib.util
+import logging
+import os
 from typing import Optional, Tuple
 
 import torch
 
 __all__ = [
-    "BACKENDS", "attention_forward", "backend_available", "device_capability", "head_dims",
+    "BACKENDS",
+    "BACKEND_ENV",
+    "attention_forward",
+    "backend_available",
+    "choose_backend",
+    "device_capability",
+    "head_dims",
+    "last_backend",
     "select_backend",
-]  # fmt: skip
+]
 
 BACKENDS = ("triton", "cuda")
+BACKEND_ENV = "NVTE_FP8_DPA_MASK_EXACT_BACKEND"
+_LOGGER = logging.getLogger("DotProductAttention")  # TE's logger of backend selection
+_last = {"backend": None}  # the backend of the last attention_forward call in this process
+_UNREAD = "unread"  # select_backend's default: read the environment
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,9 +73,45 @@ def _device_capability(index: int) -> Tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def select_backend() -> str:
-    """The kernel backend for the next call (the "cuda" backend is never chosen by default yet)."""
+def _forced_backend() -> Optional[str]:
+    """The backend NVTE_FP8_DPA_MASK_EXACT_BACKEND forces, or None ("auto" or unset)."""
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV} must be one of auto, {', '.join(BACKENDS)}; got {value!r}")
+    return value
+
+
+def select_backend(forced: Optional[str] = _UNREAD) -> str:
+    """The preferred kernel backend of this process: the forced one, else "cuda" where its
+    kernel can run here, else "triton". A call the CUDA kernel does not support still runs the
+    Triton kernel (choose_backend). forced: _forced_backend() when the caller has read it."""
+    if forced is _UNREAD:
+        forced = _forced_backend()
+    if forced is not None:
+        return forced
+    return "cuda" if backend_available("cuda") else "triton"
+
+
+def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> str:
+    """The backend that runs this call (the module doc says how it is chosen)."""
+    forced = _forced_backend()  # the environment read once per call
+    preferred = select_backend(forced)
+    if preferred != "cuda" or forced == "cuda":
+        return preferred
+    from .cuda.attention import unsupported_reason
+
+    reason = unsupported_reason(q, k, v, **kwargs)
+    if reason is None:
+        return "cuda"
+    _LOGGER.debug("Disabling the CUDA kernel of mask-exact FP8 attention: %s", reason)
     return "triton"
+
+
+def last_backend() -> Optional[str]:
+    """The backend that ran the last attention_forward call of this process (None before)."""
+    return _last["backend"]
 
 
 def head_dims(backend: str) -> Tuple[int, ...]:
@@ -77,14 +128,16 @@ def head_dims(backend: str) -> Tuple[int, ...]:
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: Optional[str] = None, **kwargs
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Mask-exact FP8 attention forward on `backend` (default: select_backend()): (out, lse).
+    """Mask-exact FP8 attention forward on `backend` (default: choose_backend): (out, lse).
 
     q, k, v and the keyword arguments as triton.attention.exact_fp8_attention_forward takes them;
     out has q's shape and dtype, lse is fp32 [h, t_q] (natural log, -inf for a row that sees
     nothing). The "cuda" backend raises ValueError for what it does not run yet."""
-    launcher = _LAUNCHERS.get(select_backend() if backend is None else backend)
+    backend = choose_backend(q, k, v, **kwargs) if backend is None else backend
+    launcher = _LAUNCHERS.get(backend)
     if launcher is None:
-        launcher = _launcher(select_backend() if backend is None else backend)
+        launcher = _launcher(backend)
+    _last["backend"] = backend
     return launcher(q, k, v, **kwargs)
 
 

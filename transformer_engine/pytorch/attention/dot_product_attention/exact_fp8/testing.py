@@ -1,5 +1,6 @@
 """Numeric helpers shared by the tests, the benchmarks and the causality audit."""
 
+import dataclasses
 import statistics
 import time
 from typing import Callable, List, Tuple
@@ -8,7 +9,7 @@ import torch
 
 __all__ = [
     "prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference",
-    "host_us_per_call",
+    "host_us_per_call", "LEAKY_CP_RULES", "leaky_cp_quantizer",
 ]  # fmt: skip
 
 
@@ -68,3 +69,52 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 
         times.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
+
+
+LEAKY_CP_RULES = ("global-amax", "straddling-chunk")
+"""Negative controls of context parallelism's V rule (current scaling), that tests must catch:
+"global-amax", one V scale per kv-head over every token of every rank and sample (upstream's
+FP8 ring reduces one amax over the group); "straddling-chunk", one V scale per 256 global
+tokens, so that a scale straddles two ranks' shards (with 128-token load-balanced chunks)."""
+
+
+def leaky_cp_quantizer(rule: str, v_global: torch.Tensor, cp_size: int, qkv_format: str):
+    """A payload builder for context_parallel.simulate's `quantize` whose V scales follow the
+    leaky `rule` (LEAKY_CP_RULES) over the global V [b, s, h_kv, d] (bshd) or [s, b, ...]; K and
+    everything else as payload.quantize_kv."""
+    from .context_parallel.chunking import check_seqlen, local_positions
+    from .context_parallel.payload import quantize_kv
+    from .formats import V_CHUNK_CURRENT, cast_to_e4m3, compute_scale_from_amax
+    from .masks import SeqLayout, to_tokens
+
+    if rule not in LEAKY_CP_RULES:
+        raise ValueError(f"rule must be one of {LEAKY_CP_RULES}, got {rule!r}")
+    vg = v_global if qkv_format == "bshd" else v_global.transpose(0, 1)  # [b, s, h_kv, d]
+    batch, seqlen = vg.shape[:2]
+    chunk_len = check_seqlen(seqlen, cp_size)
+    amax_g = vg.detach().float().abs().cpu()
+
+    def quantize(k, v, *, rank, recipe, **kwargs):
+        payload = quantize_kv(k, v, rank=rank, recipe=recipe, **kwargs)
+        if recipe != "current":
+            raise ValueError("the leaky controls are current-scaling rules")
+        pos = local_positions(rank, cp_size, chunk_len)  # global position of each local token
+        n_local = pos.numel() // V_CHUNK_CURRENT
+        amax = torch.empty(batch, n_local, vg.shape[2])
+        for n in range(batch):
+            for c in range(n_local):
+                if rule == "global-amax":
+                    amax[n, c] = amax_g.amax(dim=(0, 1, 3))
+                else:
+                    pair = int(pos[c * V_CHUNK_CURRENT]) // (2 * V_CHUNK_CURRENT)
+                    cols = slice(pair * 2 * V_CHUNK_CURRENT, (pair + 1) * 2 * V_CHUNK_CURRENT)
+                    amax[n, c] = amax_g[n, cols].amax(dim=(0, 2))
+        scale = compute_scale_from_amax(amax.flatten(0, 1))  # [n_chunks, h_kv]
+        ids, _ = SeqLayout.dense(batch, pos.numel()).chunk_ids(V_CHUNK_CURRENT)
+        v_t = to_tokens(v.detach().cpu(), kwargs.get("qkv_format", "bshd")).float()
+        data = cast_to_e4m3(v_t * scale[ids].unsqueeze(-1))  # [t, h_kv, d]
+        v8t = data.permute(1, 2, 0).contiguous().to(v.device)
+        scale_inv = (1.0 / scale).t().contiguous().to(v.device)
+        return dataclasses.replace(payload, v_fp8=(v8t, scale_inv) + payload.v_fp8[2:])
+
+    return quantize

@@ -3,6 +3,5 @@ transformer_engine/common/fused_attn/exact_fp8_attention_sm90/ (CuTe: TMA + WGMM
 
   attention   the launcher: checks, Q/K/V quantization, the call into the extension
 
-First step of the kernel, not yet run on hardware: kernels.select_backend() never chooses it
-(docs/attention_kernel_sm90.md).
+kernels.choose_backend runs it for the calls it supports on sm90 (docs/attention_kernel_sm90.md).
 """

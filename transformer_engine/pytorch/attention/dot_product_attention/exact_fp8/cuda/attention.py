@@ -13,6 +13,7 @@ V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk)
 takes Q quantized (it does not cast Q itself yet).
 """
 
+import inspect
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "extension_has_kernel",
     "launch",
     "quantize_operands",
+    "unsupported_reason",
 ]
 
 HEAD_DIMS = (128,)
@@ -99,6 +101,27 @@ def exact_fp8_attention_forward(
     operands = quantize_operands(q, k, v, q_fp8, **cast)
     launch(operands, out, lse, attn_mask_type == "causal", softmax_scale)
     return out, lse
+
+
+def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
+    """Why the kernel does not run this call (exact_fp8_attention_forward's arguments), or None.
+    Checks only; an argument error of the call is left to the backend that runs it."""
+    unknown = sorted(n for n, x in kwargs.items() if n not in _PARAMETERS and x is not None)
+    if unknown:
+        return f"argument(s) {', '.join(unknown)}"
+    if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
+        return "cu_seqlens (padding masks and thd) are not supported yet"
+    try:
+        _check(q, k, v, kwargs.get("recipe"), kwargs.get("qkv_format", "bshd"),
+               kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"),
+               kwargs.get("fp8_v_everywhere", False))  # fmt: skip
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+_PARAMETERS = frozenset(inspect.signature(exact_fp8_attention_forward).parameters)
 
 
 class Operands(NamedTuple):

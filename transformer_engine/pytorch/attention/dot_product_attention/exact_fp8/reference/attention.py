@@ -189,10 +189,16 @@ def reference_attention(
     softmax_scale: Optional[float] = None,
     quant: QuantConfig = QuantConfig(),
     compute_dtype: torch.dtype = torch.float64,
+    operands: Optional[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = None,
 ) -> ReferenceResult:
     """Attention of `path` (see module doc). Shapes as TE's DotProductAttention for `qkv_format`;
     seqlens_* give the real lengths of bshd/sbhd samples under padding masks. Output rows past a
-    sequence's real length are zero."""
+    sequence's real length are zero.
+
+    operands: (q, k, v_fp8) already quantized and dequantized (token-major, compute_dtype, as
+    dequantized_operands returns them), used instead of quantizing q, k, v here: for K and V that
+    were quantized elsewhere (a context-parallel ring's payload, or a leaky control's rule).
+    q, k and v still give the shapes and layouts, and v the unquantized V of boundary tiles."""
     check_mask_type(attn_mask_type, window_size)
     if path not in BENCHMARK_PATHS:
         raise ValueError(f"path must be one of {BENCHMARK_PATHS}, got {path!r}")
@@ -202,7 +208,9 @@ def reference_attention(
     qt, kt, vt = (to_tokens(x, qkv_format) for x in (q, k, v))
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    q_deq, k_deq, v_fp8 = dequantized_operands(path, qt, kt, vt, layout_kv, quant, compute_dtype)
+    if operands is None:
+        operands = dequantized_operands(path, qt, kt, vt, layout_kv, quant, compute_dtype)
+    q_deq, k_deq, v_fp8 = operands
     exact = path.startswith("fork-")
     out = torch.zeros(qt.shape[:-1] + (v.shape[-1],), dtype=compute_dtype)
     lse = torch.full((q.shape[-2], qt.shape[0]), float("-inf"), dtype=compute_dtype)

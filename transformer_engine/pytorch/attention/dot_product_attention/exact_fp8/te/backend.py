@@ -209,7 +209,7 @@ class Dispatch:
             cu_seqlens_kv_padded=cu_seqlens_kv_padded,
         )
         out = MaskExactFP8AttentionFunc.apply(q, k, v, call)
-        status.record_run(kernels.select_backend(), self.recipe, self.logger or _LOGGER)
+        status.record_run(kernels.last_backend(), self.recipe, self.logger or _LOGGER)
         return out.view(*out.shape[:-2], -1)
 
 
@@ -347,14 +347,15 @@ def _device_support() -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _static_support(device: int) -> dict:
-    """The part of _device_support that cannot change in a process, per device: the selected
-    kernel backend's availability (itself cached) and head dims, the compute capability and the
+    """The part of _device_support that cannot change in a process, per device: the Triton
+    backend's availability (itself cached) and head dims, the compute capability and the
     extension (imported once). Read-only: _device_support copies it."""
-    backend = kernels.select_backend()
-    triton_available = kernels.backend_available(backend)
+    # The Triton kernel runs every configuration the fork supports; the CUDA kernel a subset
+    # (kernels.choose_backend), so the Triton backend's needs decide.
+    triton_available = kernels.backend_available("triton")
     return dict(
         compute_capability=_compute_capability(device),
-        head_dims=kernels.head_dims(backend) if triton_available else (),
+        head_dims=kernels.head_dims("triton") if triton_available else (),
         triton_available=triton_available,
         extension_available=quantize.extension_available(),
     )

@@ -96,6 +96,7 @@ def exact_fp8_attention_forward(
     amax_epsilon: float = 0.0,
     fp8_v_everywhere: bool = False,
     q_fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    kv_fp8: Optional[Tuple[tuple, tuple]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mask-exact FP8 attention forward. Returns (out, lse).
 
@@ -118,6 +119,13 @@ def exact_fp8_attention_forward(
     for "current" or E8M0 codes [h, t_q, d // 32] uint8 for "mxfp8"); q then only gives the
     shape, dtype and layout. Used where the in-kernel cast cannot run (Triton's interpreter).
 
+    kv_fp8: an already quantized K and V, ((K8, k_scales), (V8^T, v_scales, cu_chunks, cu_vt))
+    as this launcher's own K/V casts make them (context_parallel.payload.quantize_kv does, for
+    the ring of context parallelism: K and V travel quantized); bshd/sbhd only, checked by
+    shape, used as given (the caller owns the rules: chunks start at each sample's first key).
+    k then only gives the shape, and v is read on boundary tiles only (a ring step without
+    boundary tiles may pass a stand-in, context_parallel.steps.unread_v).
+
     CUDA graphs: calls can be captured (torch.cuda.graph) once a call of the same configuration
     has run outside the capture (Triton compiles there); cu_seqlens must then be on the device,
     and thd needs max_seqlen_q. The host never reads thd offsets, so a replay may take other
@@ -135,8 +143,11 @@ def exact_fp8_attention_forward(
         cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
     )  # fmt: skip
     del max_seqlen_kv  # the kernel reads every kv length from cu_seqlens_kv
-    k_fp8 = _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon)
-    v_fp8 = _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon)
+    if kv_fp8 is None:
+        k_fp8 = _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon)
+        v_fp8 = _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon)
+    else:
+        k_fp8, v_fp8 = _check_kv_fp8(kv_fp8, k, seqs, recipe)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     return _launch(
@@ -284,6 +295,30 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
             **layout,
         )  # fmt: skip
     return v8t, scales, cu_chunks, cu_vt
+
+
+def _check_kv_fp8(kv_fp8, k, seqs, recipe):
+    """kv_fp8 as _quantize_k / _quantize_v return them, checked by shape and dtype."""
+    if seqs.varlen or seqs.align_v:
+        raise ValueError("kv_fp8 takes dense layouts whose samples start on the 16-column grid")
+    (k8, k_scale), (v8t, v_scale, cu_chunks, cu_vt) = kv_fp8
+    h_kv, d, t = k.shape[-2], k.shape[-1], seqs.num_seqs * seqs.span_kv
+    chunk = MX_BLOCK if recipe == "mxfp8" else V_CHUNK_CURRENT
+    n_chunks = seqs.num_seqs * (-(-seqs.span_kv // chunk))
+    want = {
+        "K8": (k8, (h_kv, t, d)),
+        "k scales": (k_scale, (h_kv, t, d // MX_BLOCK) if recipe == "mxfp8" else (h_kv, t)),
+        "V8^T": (v8t, (h_kv, d, v8t.shape[-1])),
+        "v scales": (v_scale, (h_kv, n_chunks, d) if recipe == "mxfp8" else (h_kv, n_chunks)),
+    }
+    for name, (x, shape) in want.items():
+        if tuple(x.shape) != shape or not x.is_contiguous() or x.device != k.device:
+            raise ValueError(f"kv_fp8: {name} must be contiguous {shape} on {k.device}")
+    if k8.dtype != torch.float8_e4m3fn or v8t.dtype != k8.dtype or v8t.shape[-1] < t:
+        raise ValueError("kv_fp8: K8 and V8^T must be e4m3, V8^T with a column per key")
+    if cu_chunks.shape != (seqs.num_seqs + 1,) or cu_vt.shape != cu_chunks.shape:
+        raise ValueError(f"kv_fp8: cu_chunks and cu_vt must have {seqs.num_seqs + 1} entries")
+    return (k8, k_scale), (v8t, v_scale, cu_chunks, cu_vt)
 
 
 def _layout_strides(x, qkv_format):

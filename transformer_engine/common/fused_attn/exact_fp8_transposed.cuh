@@ -1,0 +1,182 @@
+/*
+ * What the two transposed V casts share (exact_fp8_transposed.cu: MXFP8, one E8M0 code per
+ * (head, 32-token chunk, channel); exact_fp8_transposed_current.cu: current scaling, one scale
+ * per (head, chunk)): where a chunk's tokens are, the cast of one lane's 16 tokens x 8 channels
+ * and its stores into data_t, and the zeroing of the columns that belong to no sequence.
+ *
+ * A lane of either kernel ends up holding 16 consecutive tokens of 8 channels of one head (one
+ * 16-bit pair per 32-bit word), so each channel's 16 E4M3 bytes leave as one 16-byte store. See
+ * Note [Mask-exact FP8 scaling] (exact_fp8/formats.py): chunks start at each sequence's first
+ * token and never cross a sequence.
+ */
+#ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_TRANSPOSED_CUH_
+#define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_TRANSPOSED_CUH_
+
+#include "exact_fp8_kernels.h"
+#include "exact_fp8_numerics.cuh"
+
+namespace transformer_engine {
+namespace exact_fp8 {
+namespace transposed {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+constexpr int kSpanTokens = 128;                    // tokens of a span: 128 / chunk chunks
+constexpr int kTokensPerLane = 16;                  // tokens of one channel per lane
+constexpr int kChannelsPerLane = kVecElems;         // channels per lane: one 16-byte row
+constexpr int kWordsPerRow = kChannelsPerLane / 2;  // 32-bit words (channel pairs) per lane row
+constexpr int kTokenGroups = kSpanTokens / kTokensPerLane;           // 8 lanes along the tokens
+constexpr int kChannelGroups = kWarpSize / kTokenGroups;             // 4 lanes along the channels
+constexpr int kChannelsPerWarp = kChannelGroups * kChannelsPerLane;  // 32: a warp's slice
+
+/* What both kernels read: the view, its sequences and the outputs. */
+struct ChunkParams {
+  const void *v;  // [batch, seqlen, heads, head_dim] view, element strides below
+  int64_t stride_batch;
+  int64_t stride_seq;
+  int64_t stride_head;
+  int seqlen;
+  int heads;
+  int head_dim;               // a multiple of kChannelsPerWarp (checked by the C API)
+  const int32_t *cu_seqlens;  // [num_seqs + 1] token offsets; null: one sequence per sample
+  const int32_t *cu_chunks;   // [num_seqs + 1] chunk offsets (with cu_seqlens)
+  const int32_t *columns;     // [num_seqs + 1] first column of each sequence; null: token index
+  int num_seqs;
+  int num_chunks;
+  int chunks_per_sample;  // without cu_seqlens
+  int num_spans;          // spans of 128 / chunk consecutive chunks (the last may be partial)
+  int64_t tokens;         // batch * seqlen
+  uint8_t *data_t;        // [heads, head_dim, data_t_stride] E4M3
+  int64_t data_t_stride;
+  void *scales;  // current: [heads, num_chunks] fp32 scale_inv; MXFP8: [heads, num_chunks,
+                 // head_dim] E8M0 codes
+  ScaleOptions opts;
+};
+
+/* The parameters of a launch (num_spans for chunks of `chunk` tokens). */
+inline ChunkParams make_chunk_params(const NVTEExactFP8TokenView &v,
+                                     const NVTEExactFP8Chunks &chunks, ScaleOptions opts,
+                                     uint8_t *data_t, int64_t data_t_stride, void *scales) {
+  const int chunks_per_span = kSpanTokens / chunks.chunk;
+  const int num_chunks = static_cast<int>(chunks.num_chunks);
+  return ChunkParams{v.data,
+                     v.stride_batch,
+                     v.stride_seq,
+                     v.stride_head,
+                     static_cast<int>(v.seqlen),
+                     static_cast<int>(v.heads),
+                     static_cast<int>(v.head_dim),
+                     chunks.cu_seqlens,
+                     chunks.cu_chunks,
+                     chunks.columns,
+                     static_cast<int>(chunks.num_seqs),
+                     num_chunks,
+                     static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk),
+                     (num_chunks + chunks_per_span - 1) / chunks_per_span,
+                     v.batch * v.seqlen,
+                     data_t,
+                     data_t_stride,
+                     scales,
+                     opts};
+}
+
+/* Where a chunk's tokens are. */
+struct ChunkSpan {
+  int64_t src_offset;  // elements from the view's origin to the chunk's first token
+  int64_t column;      // column of that token in data_t (its token index, or aligned)
+  int len;             // tokens in the chunk (the last chunk of a sequence may be short; 0: none)
+};
+
+template <int kChunk>
+__device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
+  if (chunk >= p.num_chunks) return {0, 0, 0};  // past the last span's last chunk
+  if (p.cu_seqlens == nullptr) {
+    const int sample = chunk / p.chunks_per_sample;
+    const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
+    const int64_t column0 =
+        p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
+    return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
+            min(kChunk, p.seqlen - first)};
+  }
+  // num_chunks may exceed the real count (a bound computed without reading cu_seqlens back):
+  // chunks from cu_chunks[num_seqs] on hold no token.
+  if (chunk >= __ldg(p.cu_chunks + p.num_seqs)) return {0, 0, 0};
+  // The sequence of `chunk`: the last n with cu_chunks[n] <= chunk (skips empty sequences).
+  int lo = 0;
+  int hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(p.cu_chunks + mid) <= chunk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int start = __ldg(p.cu_seqlens + lo);
+  const int first = start + (chunk - __ldg(p.cu_chunks + lo)) * kChunk;
+  const int end = __ldg(p.cu_seqlens + lo + 1);
+  const int64_t column = p.columns != nullptr ? __ldg(p.columns + lo) + (first - start) : first;
+  return {first * p.stride_seq, column, min(kChunk, end - first)};
+}
+
+/* Channel c (0..7) of a lane row, as fp32 (exact). */
+template <typename T>
+__device__ __forceinline__ float channel_value(const uint32_t (&row)[kWordsPerRow], int c) {
+  const float2 pair = to_float2(row[c / 2], T{});
+  return c % 2 == 0 ? pair.x : pair.y;
+}
+
+/* The lane's 16 tokens of channel c times `multiplier` -> 16 E4M3 bytes in token order. */
+template <typename T>
+__device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], int c,
+                             float multiplier, uint32_t (&bytes)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = channel_value<T>(rows[4 * q + k], c);
+    bytes[q] = cast4_to_e4m3(x, multiplier);
+  }
+}
+
+/* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
+ * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. In the
+ * aligned layout the columns after a sequence's last token up to the next multiple of 16 are
+ * padding: the lane of that last token writes them 0. */
+__device__ __forceinline__ void store_channel(const ChunkParams &p, int head, int channel,
+                                              int64_t column, int valid,
+                                              const uint32_t (&bytes)[4]) {
+  if (valid <= 0) return;
+  uint8_t *dst =
+      p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
+  if (valid >= kTokensPerLane && column % 16 == 0) {
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+    return;
+  }
+  const int written = p.columns != nullptr ? kTokensPerLane : valid;
+#pragma unroll
+  for (int j = 0; j < kTokensPerLane; ++j) {
+    if (j < written) dst[j] = j < valid ? static_cast<uint8_t>(bytes[j / 4] >> (8 * (j % 4))) : 0;
+  }
+}
+
+/* The columns of data_t that belong to no sequence (past the last token, or past the last
+ * sequence's aligned columns, up to the row stride), of every head: thread `rank` of `count`
+ * zeroes every count-th byte. */
+__device__ __forceinline__ void zero_unowned_columns(const ChunkParams &p, int64_t rank,
+                                                     int64_t count) {
+  int64_t end = p.cu_seqlens != nullptr ? __ldg(p.cu_seqlens + p.num_seqs) : p.tokens;
+  if (p.columns != nullptr) end = __ldg(p.columns + p.num_seqs);
+  const int64_t width = p.data_t_stride - end;
+  const int64_t rows = static_cast<int64_t>(p.heads) * p.head_dim;  // (head, channel) rows
+  for (int64_t k = rank; k < width * rows; k += count) {
+    const int64_t row = k / width;
+    p.data_t[row * p.data_t_stride + end + k - row * width] = 0;
+  }
+}
+
+}  // namespace transposed
+}  // namespace exact_fp8
+}  // namespace transformer_engine
+
+#endif  // TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_TRANSPOSED_CUH_
