@@ -595,6 +595,10 @@ def fake_kernel(monkeypatch):
                 cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
                 max_seqlen_kv, softmax_scale, use_power_2_scales):  # fmt: skip
         calls.append(dict(recipe=recipe, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q))
+        # what attention_forward records: the backend its choice would run
+        monkeypatch.setitem(
+            kernels._last, "backend", kernels.choose_backend(q, k, v, recipe=recipe)
+        )
         lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
         result = reference_attention(
             f"fork-{recipe}", q, k, v, qkv_format=qkv_format, attn_mask_type=attn_mask_type,
