@@ -35,6 +35,7 @@ __all__ = [
     "attention_forward",
     "backend_available",
     "choose_backend",
+    "device_capability",
     "head_dims",
     "last_backend",
     "select_backend",
@@ -44,6 +45,7 @@ BACKENDS = ("triton", "cuda")
 BACKEND_ENV = "NVTE_FP8_DPA_MASK_EXACT_BACKEND"
 _LOGGER = logging.getLogger("DotProductAttention")  # TE's logger of backend selection
 _last = {"backend": None}  # the backend of the last attention_forward call in this process
+_UNREAD = "unread"  # select_backend's default: read the environment
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,6 +65,18 @@ def backend_available(backend: str) -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def device_capability(device: torch.device) -> Tuple[int, int]:
+    """torch.cuda.get_device_capability of a CUDA device, cached per device index (it does not
+    change in a process; torch's query costs a few microseconds of host time per call)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_capability(index: int) -> Tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def _forced_backend() -> Optional[str]:
     """The backend NVTE_FP8_DPA_MASK_EXACT_BACKEND forces, or None ("auto" or unset)."""
     value = os.environ.get(BACKEND_ENV, "").strip().lower()
@@ -73,11 +87,12 @@ def _forced_backend() -> Optional[str]:
     return value
 
 
-def select_backend() -> str:
+def select_backend(forced: Optional[str] = _UNREAD) -> str:
     """The preferred kernel backend of this process: the forced one, else "cuda" where its
     kernel can run here, else "triton". A call the CUDA kernel does not support still runs the
-    Triton kernel (choose_backend)."""
-    forced = _forced_backend()
+    Triton kernel (choose_backend). forced: _forced_backend() when the caller has read it."""
+    if forced is _UNREAD:
+        forced = _forced_backend()
     if forced is not None:
         return forced
     return "cuda" if backend_available("cuda") else "triton"
@@ -85,8 +100,9 @@ def select_backend() -> str:
 
 def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> str:
     """The backend that runs this call (the module doc says how it is chosen)."""
-    preferred = select_backend()
-    if preferred != "cuda" or _forced_backend() == "cuda":
+    forced = _forced_backend()  # the environment read once per call
+    preferred = select_backend(forced)
+    if preferred != "cuda" or forced == "cuda":
         return preferred
     from .cuda.attention import unsupported_reason
 
@@ -122,17 +138,26 @@ def attention_forward(
     out has q's shape and dtype, lse is fp32 [h, t_q] (natural log, -inf for a row that sees
     nothing). The "cuda" backend raises ValueError for what it does not run yet."""
     backend = choose_backend(q, k, v, **kwargs) if backend is None else backend
-    _check_backend(backend)
+    launcher = _LAUNCHERS.get(backend)
+    if launcher is None:
+        launcher = _launcher(backend)
     _last["backend"] = backend
+    return launcher(q, k, v, **kwargs)
+
+
+_LAUNCHERS = {}  # backend -> its exact_fp8_attention_forward, imported on first use
+
+
+def _launcher(backend: str):
+    _check_backend(backend)
     if backend == "triton":
         from .triton.attention import exact_fp8_attention_forward
-
-        return exact_fp8_attention_forward(q, k, v, **kwargs)
-    if backend == "cuda":
+    elif backend == "cuda":
         from .cuda.attention import exact_fp8_attention_forward
-
-        return exact_fp8_attention_forward(q, k, v, **kwargs)
-    raise AssertionError(f"no launcher for backend {backend!r}")
+    else:
+        raise AssertionError(f"no launcher for backend {backend!r}")
+    _LAUNCHERS[backend] = exact_fp8_attention_forward
+    return exact_fp8_attention_forward
 
 
 def attention_backward(

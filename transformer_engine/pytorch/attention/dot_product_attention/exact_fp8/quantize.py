@@ -15,9 +15,10 @@ sequences are padded). Outputs are head-major, and V's are transposed (token axi
 attention kernel reads them.
 """
 
+import functools
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -72,9 +73,9 @@ def extension_available() -> bool:
     return _ext is not None
 
 
-@dataclass(frozen=True)
-class _Geometry:
-    """An input seen as [batch, seqlen, heads, head_dim] with element strides; t = b * seqlen + s."""
+class _Geometry(NamedTuple):
+    """An input seen as [batch, seqlen, heads, head_dim] with element strides; t = b * seqlen + s.
+    (A NamedTuple: built on every cast, for a fraction of a frozen dataclass's host time.)"""
 
     batch: int
     seqlen: int
@@ -311,6 +312,20 @@ class _Sequences:
         return self.cu_chunks(chunk)[-1]
 
 
+@functools.lru_cache(maxsize=256)
+def _dense_sequences(batch: int, seqlen: int) -> _Sequences:
+    """bshd/sbhd samples (no tensors: the same for every device; frozen, so shared)."""
+    return _Sequences(SeqLayout.dense(batch, seqlen), None)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_sizes(batch: int, seqlen: int, chunk: int, aligned: bool) -> Tuple[int, int]:
+    """(width, num_chunks) of a bshd/sbhd V cast: _output_width and num_chunks of the dense
+    layout, computed once per shape instead of per call (O(batch) Python loops)."""
+    seqs, geo = _dense_sequences(batch, seqlen), _Geometry(batch, seqlen, 0, 0, 0, 0, 0)
+    return _output_width(seqs, geo, aligned), seqs.num_chunks(chunk, geo.tokens)
+
+
 def chunk_bound(tokens: int, num_seqs: int, chunk: int) -> int:
     """The most chunks that num_seqs sequences of `tokens` tokens in all can have: sum over n of
     ceil(len_n / chunk) <= (tokens + num_seqs * (chunk - 1)) / chunk."""
@@ -330,7 +345,7 @@ def _sequences(
                 f"cu_seqlens is for thd only: in {qkv_format} the chunks start at each sample's"
                 " first token"
             )
-        return _Sequences(SeqLayout.dense(geo.batch, geo.seqlen), None)
+        return _dense_sequences(geo.batch, geo.seqlen)
     if cu_seqlens is None:
         raise ValueError(
             "thd needs cu_seqlens (TE's cu_seqlens_padded when the sequences are padded)"
@@ -445,8 +460,11 @@ def _chunked_cast_transposed(
     if chunk not in CHUNK_SIZES:
         raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
     seqs = _sequences(v, geo, qkv_format, cu_seqlens, sync_free)
-    width = _output_width(seqs, geo, aligned_columns)
-    num_chunks = seqs.num_chunks(chunk, geo.tokens)
+    if seqs.cu_seqlens is None:
+        width, num_chunks = _dense_sizes(geo.batch, geo.seqlen, chunk, aligned_columns)
+    else:
+        width = _output_width(seqs, geo, aligned_columns)
+        num_chunks = seqs.num_chunks(chunk, geo.tokens)
     scale_dtype = torch.float32 if current else torch.uint8
     if _use_cuda(backend, v):
         cu_chunks, device_columns = _device_offsets(

@@ -14,13 +14,13 @@ takes Q quantized (it does not cast Q itself yet).
 """
 
 import inspect
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from .. import quantize
 from ..formats import V_CHUNK_CURRENT, check_recipe
+from ..kernels import device_capability
 from ..masks import QKV_FORMATS, check_mask_type
 from ..vt_layout import ALIGN_COLUMNS, dense_column_starts
 
@@ -124,9 +124,9 @@ _CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqle
 _PARAMETERS = frozenset(inspect.signature(exact_fp8_attention_forward).parameters)
 
 
-@dataclass(frozen=True)
-class Operands:
-    """What the kernel reads (rules v2 of Note [Mask-exact FP8 scaling]; t_q = b * s_q)."""
+class Operands(NamedTuple):
+    """What the kernel reads (rules v2 of Note [Mask-exact FP8 scaling]; t_q = b * s_q). A
+    NamedTuple (immutable, built on every call for less host time than a frozen dataclass)."""
 
     q8: torch.Tensor  # [h, t_q, d] e4m3
     q_scale: torch.Tensor  # [h, t_q] fp32, scale_inv of one (token, head) of Q
@@ -157,12 +157,15 @@ def launch(ops: Operands, out: torch.Tensor, lse: torch.Tensor, causal: bool, so
     """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q]."""
     batch, s_q, heads, d = out.shape
     s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
-    quantize._ext.attention_sm90_fwd(
+    # On out's device and torch's current stream there (the raw handle: no torch.cuda.Stream
+    # object built per call), as the quantization kernels launch.
+    quantize._launch(
+        out, quantize._ext.attention_sm90_fwd,
         ops.q8.data_ptr(), ops.q_scale.data_ptr(), ops.k8.data_ptr(), ops.k_scale.data_ptr(),
         ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
         ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
-        bool(causal), float(softmax_scale), torch.cuda.current_stream(out.device).cuda_stream,
+        bool(causal), float(softmax_scale),
     )  # fmt: skip
 
 
@@ -202,7 +205,7 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_every
         raise _unsupported(f"head dim {d}")
     if k.shape != v.shape or q.shape[-2] % k.shape[-2] or q.shape[0] != k.shape[0]:
         raise ValueError(f"k, v must match and h_kv must divide h: {q.shape}, {k.shape}, {v.shape}")
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if q.device.type != "cuda" or device_capability(q.device) != (9, 0):
         raise ValueError("the sm90 CUDA attention kernel runs on CUDA tensors of an sm90 GPU")
     if not extension_has_kernel():
         raise ValueError(

@@ -55,8 +55,10 @@ _NON_CAUSAL_MASKS = ("no_mask", "padding")
 _DISABLED = status.DISABLED
 
 
+@functools.lru_cache(maxsize=128)
 def qkv_formats(qkv_layout: str) -> Tuple[str, str]:
-    """(q format, kv format) of a TE qkv_layout, e.g. "sbhd_sb2hd" -> ("sbhd", "sbhd")."""
+    """(q format, kv format) of a TE qkv_layout, e.g. "sbhd_sb2hd" -> ("sbhd", "sbhd").
+    Cached: TE has a few dozen layouts, and every call asks."""
     parts = qkv_layout.replace("3", "").replace("2", "").split("_")
     if parts[0] == "paged":
         parts = parts[2:]
@@ -110,51 +112,57 @@ def unsupported_reason(
     transformer_engine_exact_fp8 (the K/V quantization) imports; without it every call would
     quantize through the CPU reference. The first failed check is the reason.
     """
-    q_format, kv_format = qkv_formats(params.qkv_layout)
-    window = params.window_size if params.window_size is not None else (-1, -1)
-    checks = (
-        (not triton_available, status.TRITON_MISSING),
-        (
-            tuple(compute_capability) < MIN_COMPUTE_CAPABILITY,
-            "compute capability sm%d%d (FP8 tensor cores need sm89 or newer)"
-            % tuple(compute_capability),
-        ),
-        (onnx_export, "ONNX export"),
-        (not extension_available, status.EXTENSION_MISSING),
-        (params.qkv_dtype not in _DTYPES, f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"),
-        (
-            params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims,
+    # One check after the other, each message formatted only when its check fails: this runs
+    # on every DotProductAttention call that asks for mask-exact FP8 attention.
+    if not triton_available:
+        return status.TRITON_MISSING
+    if tuple(compute_capability) < MIN_COMPUTE_CAPABILITY:
+        return "compute capability sm%d%d (FP8 tensor cores need sm89 or newer)" % tuple(
+            compute_capability
+        )
+    if onnx_export:
+        return "ONNX export"
+    if not extension_available:
+        return status.EXTENSION_MISSING
+    if params.qkv_dtype not in _DTYPES:
+        return f"qkv_dtype={params.qkv_dtype} (bf16 and fp16 only)"
+    if params.head_dim_qk != params.head_dim_v or params.head_dim_qk not in head_dims:
+        return (
             f"head_dim_qk={params.head_dim_qk}, head_dim_v={params.head_dim_v}"
-            f" (equal head dims in {tuple(head_dims)} only)",
-        ),
-        (
-            params.attn_mask_type not in MASK_TYPES,
-            f"attn_mask_type={params.attn_mask_type!r} (no geometry to split V scales at)",
-        ),
-        (
-            params.attn_mask_type in _NON_CAUSAL_MASKS
-            and max(window) >= 0
-            and not params.bottom_right_diagonal,
+            f" (equal head dims in {tuple(head_dims)} only)"
+        )
+    if params.attn_mask_type not in MASK_TYPES:
+        return f"attn_mask_type={params.attn_mask_type!r} (no geometry to split V scales at)"
+    window = params.window_size if params.window_size is not None else (-1, -1)
+    if (
+        params.attn_mask_type in _NON_CAUSAL_MASKS
+        and max(window) >= 0
+        and not params.bottom_right_diagonal
+    ):
+        return (
             f"a top-left aligned sliding window with attn_mask_type={params.attn_mask_type!r}"
-            " (the kernels align the windows of non-causal masks bottom-right)",
-        ),
-        (q_format != kv_format, f"qkv_layout={params.qkv_layout!r} (q and kv formats differ)"),
-        (params.inference_params is not None, "KV caching (inference_params)"),
-        (params.context_parallel, "context parallelism"),
-        (
-            params.core_attention_bias_type != "no_bias",
-            f"core_attention_bias_type={params.core_attention_bias_type!r}",
-        ),
-        (params.softcap > 0.0, f"softcap={params.softcap}"),
-        (params.softmax_type != "vanilla", f"softmax_type={params.softmax_type!r}"),
-        (
-            params.is_training and params.attention_dropout > 0.0,
-            f"attention_dropout={params.attention_dropout} in training",
-        ),
-        (params.return_max_logit, "return_max_logit=True"),
-        (params.has_score_mod, "score_mod"),
-    )
-    return next((reason for failed, reason in checks if failed), None)
+            " (the kernels align the windows of non-causal masks bottom-right)"
+        )
+    q_format, kv_format = qkv_formats(params.qkv_layout)
+    if q_format != kv_format:
+        return f"qkv_layout={params.qkv_layout!r} (q and kv formats differ)"
+    if params.inference_params is not None:
+        return "KV caching (inference_params)"
+    if params.context_parallel:
+        return "context parallelism"
+    if params.core_attention_bias_type != "no_bias":
+        return f"core_attention_bias_type={params.core_attention_bias_type!r}"
+    if params.softcap > 0.0:
+        return f"softcap={params.softcap}"
+    if params.softmax_type != "vanilla":
+        return f"softmax_type={params.softmax_type!r}"
+    if params.is_training and params.attention_dropout > 0.0:
+        return f"attention_dropout={params.attention_dropout} in training"
+    if params.return_max_logit:
+        return "return_max_logit=True"
+    if params.has_score_mod:
+        return "score_mod"
+    return None
 
 
 @dataclasses.dataclass
@@ -282,19 +290,31 @@ def _compute_capability(device: int) -> Tuple[int, int]:
 
 def _device_support() -> dict:
     """unsupported_reason's keyword arguments that describe this machine and process."""
+    return dict(_static_support(torch.cuda.current_device()), onnx_export=_onnx_export())
+
+
+@functools.lru_cache(maxsize=None)
+def _static_support(device: int) -> dict:
+    """The part of _device_support that cannot change in a process, per device: the Triton
+    backend's availability (itself cached) and head dims, the compute capability and the
+    extension (imported once). Read-only: _device_support copies it."""
     # The Triton kernel runs every configuration the fork supports; the CUDA kernel a subset
     # (kernels.choose_backend), so the Triton backend's needs decide.
     triton_available = kernels.backend_available("triton")
     return dict(
-        compute_capability=_compute_capability(torch.cuda.current_device()),
+        compute_capability=_compute_capability(device),
         head_dims=kernels.head_dims("triton") if triton_available else (),
         triton_available=triton_available,
-        onnx_export=_onnx_export(),
         extension_available=quantize.extension_available(),
     )
 
 
-def _onnx_export() -> bool:
-    from transformer_engine.pytorch.export import is_in_onnx_export_mode
+_IS_ONNX_EXPORT = []  # TE's is_in_onnx_export_mode, imported on first use
 
-    return is_in_onnx_export_mode()
+
+def _onnx_export() -> bool:
+    if not _IS_ONNX_EXPORT:
+        from transformer_engine.pytorch.export import is_in_onnx_export_mode
+
+        _IS_ONNX_EXPORT.append(is_in_onnx_export_mode)
+    return _IS_ONNX_EXPORT[0]()

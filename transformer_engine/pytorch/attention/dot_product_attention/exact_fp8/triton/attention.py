@@ -9,12 +9,11 @@ channel) for MXFP8). See Note [Mask-exact FP8 scaling] in
 formats.py for the rules and docs/attention_kernel.md for the design and the measurements.
 """
 
+import functools
 import os
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .attention_kernel import (
@@ -24,7 +23,9 @@ from .attention_kernel import (
     Q_TILE,
     attention_forward_kernel,
 )
+from ..kernels import device_capability
 from ..formats import MX_BLOCK, RECIPES, V_CHUNK_CURRENT, check_recipe, e8m0_to_float
+from .launch import CompiledLauncher
 from .masking import UNBOUNDED
 from .. import quantize
 from ..masks import QKV_FORMATS, check_mask_type
@@ -50,8 +51,12 @@ _LAUNCH_CONFIG = {
 }
 
 
-@dataclass(frozen=True)
-class _Sequences:
+# Calls of a configuration seen before launch the compiled kernel without Triton's argument
+# binder (triton/launch.py): the larger part of the JIT's host time per call.
+_KERNEL = CompiledLauncher(attention_forward_kernel)
+
+
+class _Sequences(NamedTuple):
     """Where the sequences live along the flattened token axes of q and of k/v.
 
     cu_* [num_seqs + 1] int32 on the device: cu_q/cu_kv give the real lengths, cu_*_start the
@@ -172,7 +177,7 @@ def _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
         raise ValueError(f"k, v must match and h_kv must divide h: {q.shape}, {k.shape}, {v.shape}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("exact FP8 attention runs on CUDA tensors (or under TRITON_INTERPRET=1)")
-    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) < (8, 9):
+    if q.device.type == "cuda" and device_capability(q.device) < (8, 9):
         raise ValueError("exact FP8 attention needs FP8 tensor cores (compute capability >= 8.9)")
 
 
@@ -207,11 +212,32 @@ def _sequences(
     batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
     if k.shape[b_dim] != batch:
         raise ValueError(f"q and k hold different batch sizes: {q.shape}, {k.shape}")
-    padding = "padding" in attn_mask_type
-    cu_q = _dense_lengths(cu_q if padding else None, batch, s_q, device)
-    cu_kv = _dense_lengths(cu_kv if padding else None, batch, s_kv, device)
-    align_v = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n starts at token n * s_kv
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, align_v)
+    if "padding" not in attn_mask_type:
+        return _dense_sequences(batch, s_q, s_kv, device)
+    cu_q = _dense_lengths(cu_q, batch, s_q, device)
+    cu_kv = _dense_lengths(cu_kv, batch, s_kv, device)
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, _align_v(batch, s_kv))
+
+
+def _align_v(batch: int, s_kv: int) -> bool:
+    return batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n starts at token n * s_kv
+
+
+def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _Sequences:
+    """Dense samples without a padding mask: every length is the sample's span. Cached per
+    (batch, s_q, s_kv, device) like the offsets it holds (vt_layout.dense_offsets), and built
+    afresh while a CUDA graph is being captured, as those are."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _build_dense_sequences(batch, s_q, s_kv, device)
+    return _cached_dense_sequences(batch, s_q, s_kv, device)
+
+
+def _build_dense_sequences(batch, s_q, s_kv, device):
+    cu_q, cu_kv = dense_offsets(batch, s_q, device), dense_offsets(batch, s_kv, device)
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, _align_v(batch, s_kv))
+
+
+_cached_dense_sequences = functools.lru_cache(maxsize=64)(_build_dense_sequences)
 
 
 def _int32(x, device) -> torch.Tensor:
@@ -378,21 +404,26 @@ def _launch(
     block_m, num_warps, num_stages, maxnreg = launch_config or _LAUNCH_CONFIG[(recipe, head_dim)]
     if block_m not in BLOCK_M_CHOICES:
         raise ValueError(f"block_m must be one of {BLOCK_M_CHOICES}, got {block_m}")
-    grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, block_m))
-    attention_forward_kernel[grid](
-        q_op, q_scale if q_scale is not None else k_scale, k8, k_scale, v8t, v_scale, v, out, lse,
-        k_desc, vt_desc, vt_desc_b,
-        seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks, cu_vt,
-        sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
-        k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),
-        svb, svs, svh, sob, sos, soh, lse.stride(0),
-        num_heads, num_heads // k8.shape[0], seqs.span_q, seqs.span_kv,
-        UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right,
-        int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
-        softmax_scale * 1.4426950408889634, amax_epsilon,
-        HEAD_DIM=head_dim, RECIPE_MX=recipe == "mxfp8", QUANTIZE_Q=q_fp8 is None,
-        FP8_V_EVERYWHERE=fp8_v_everywhere,
-        BM=block_m, BN=BLOCK_N, BNB=boundary_n, QT=Q_TILE,
-        num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
+    grid = (seqs.num_seqs * num_heads, -(-seqs.span_q // block_m))
+    _KERNEL(
+        grid,
+        (
+            q_op, q_scale if q_scale is not None else k_scale, k8, k_scale, v8t, v_scale, v, out,
+            lse, k_desc, vt_desc, vt_desc_b,
+            seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start, cu_chunks, cu_vt,
+            sqb, sqs, sqh, q_scale.stride(0) if q_scale is not None else 0,
+            k8.stride(0), k_scale.stride(0), v8t.stride(0), v8t.stride(1), v_scale.stride(0),
+            svb, svs, svh, sob, sos, soh, lse.stride(0),
+            num_heads, num_heads // k8.shape[0], seqs.span_q, seqs.span_kv,
+            UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right,
+            int(seqs.varlen), int(attn_mask_type not in _TOP_LEFT_MASKS), int(use_power_2_scales),
+            float(softmax_scale) * 1.4426950408889634, float(amax_epsilon),
+        ),
+        dict(
+            HEAD_DIM=head_dim, RECIPE_MX=recipe == "mxfp8", QUANTIZE_Q=q_fp8 is None,
+            FP8_V_EVERYWHERE=bool(fp8_v_everywhere),
+            BM=block_m, BN=BLOCK_N, BNB=boundary_n, QT=Q_TILE,
+        ),
+        dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg),
     )  # fmt: skip
     return out, lse
