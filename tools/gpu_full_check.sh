@@ -17,7 +17,8 @@
 #      backward the backward's kernel tests (STEPS=tests tools/gpu_backward_check.sh)
 # 2. te2: what needs the fork assembled by step te, side by side: the causality audit through TE
 #    (STEPS=audit tools/gpu_audit_bench.sh) and the backward through DotProductAttention and
-#    TransformerLayer (STEPS=te tools/gpu_backward_check.sh).
+#    TransformerLayer (STEPS=te tools/gpu_backward_check.sh); with phase 1, it starts as soon as
+#    step te has assembled the fork, next to the TE tests.
 # 3. bench: the benchmarks, one after the other on the then idle GPU: the sm90 forward table with
 #    TE's rows (under the assembled fork), the V quantization bandwidth, the backward, the host
 #    time. ROUNDS (default 3) their rounds.
@@ -57,7 +58,7 @@ limited() {  # limited LIMIT_S COMMAND...: the command (or a function of this sc
   local limit=$1
   shift
   if declare -F "$1" > /dev/null; then
-    timeout "$limit" bash -c "$(declare -f "$1"); $1"
+    timeout "$limit" bash -c "$(declare -f te2_steps te2_when_assembled "$1"); $1"
   else
     timeout "$limit" "$@"
   fi
@@ -72,6 +73,25 @@ step() {  # step NAME LIMIT_S COMMAND...: run it with OUT=$WORK/NAME under a tim
   report "$name" $?
 }
 
+
+te2_steps() {  # the audit and the TE-level backward tests, side by side, on /tmp/te-fork
+  mkdir -p "$OUT/audit" "$OUT/backward_te"
+  STEPS=audit TE_FORK_DIR=/tmp/te-fork OUT=$OUT/audit bash tools/gpu_audit_bench.sh \
+    > "$OUT/audit/stdout.txt" 2>&1 &
+  local audit=$!
+  STEPS=te TE_FORK_DIR=/tmp/te-fork OUT=$OUT/backward_te bash tools/gpu_backward_check.sh \
+    > "$OUT/backward_te/stdout.txt" 2>&1
+  local rc=$?
+  wait "$audit" || rc=1
+  tail -n 8 "$OUT/audit/stdout.txt" "$OUT/backward_te/stdout.txt"
+  return "$rc"
+}
+
+te2_when_assembled() {  # te2_steps once step te's fork holds its built extension
+  until ls /tmp/te-fork/transformer_engine_exact_fp8*.so > /dev/null 2>&1; do sleep 5; done
+  sleep 5
+  te2_steps
+}
 
 sm90_speed_through_te() {  # the sm90 table with TE's rows: under the fork assembled by step te
   (
@@ -124,13 +144,15 @@ if has_step tests; then
   STEPS=tests run_bg triton 300 bash tools/gpu_attention_check.sh
   STEPS=tests run_bg quantize 200 bash tools/gpu_v_quant_bench.sh
   run_bg cp 240 bash tools/gpu_cp_check.sh
-  STEPS=tests run_bg backward 430 bash tools/gpu_backward_check.sh
+  STEPS=tests run_bg backward 420 bash tools/gpu_backward_check.sh
+  if [[ " $STEPS " == *" te2 "* ]]; then  # as soon as step te has assembled and built the fork
+    run_bg te2 420 te2_when_assembled
+  fi
   wait_all
 fi
 
-if has_step te2; then
-  STEPS=audit TE_FORK_DIR=/tmp/te-fork run_bg audit 200 bash tools/gpu_audit_bench.sh
-  STEPS=te TE_FORK_DIR=/tmp/te-fork run_bg backward_te 200 bash tools/gpu_backward_check.sh
+if has_step te2 && ! has_step tests; then
+  run_bg te2 420 te2_steps
   wait_all
 fi
 
