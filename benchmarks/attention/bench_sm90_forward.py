@@ -100,21 +100,24 @@ def _te_entries(q, k, v):
         from transformer_engine.common import recipe
     except ImportError:
         return {}
-    dpa = te.DotProductAttention(
-        q.shape[2], q.shape[3], num_gqa_groups=k.shape[2], qkv_format="bshd",
-        attn_mask_type="causal",
-    ).cuda().eval()  # fmt: skip
     recipes = {
         "te fork": recipe.Float8CurrentScaling(fp8_dpa=True),
         "te bf16": None,
         "te delayed": recipe.DelayedScaling(fp8_dpa=True),
     }
 
-    def call(r):
+    def call(dpa, r):
         with torch.no_grad(), te.autocast(enabled=r is not None, recipe=r):
             return dpa(q, k, v)
 
-    return {name: (lambda r=r: call(r)) for name, r in recipes.items()}
+    entries = {}
+    for name, r in recipes.items():  # one module per recipe: a module keeps its recipe's state
+        dpa = te.DotProductAttention(
+            q.shape[2], q.shape[3], num_gqa_groups=k.shape[2], qkv_format="bshd",
+            attn_mask_type="causal",
+        ).cuda().eval()  # fmt: skip
+        entries[name] = lambda dpa=dpa, r=r: call(dpa, r)
+    return entries
 
 
 def speed_table(rounds: int):

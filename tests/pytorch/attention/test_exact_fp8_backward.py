@@ -159,12 +159,33 @@ def _sdpa(q, k, v, d_out, is_causal=False):
     return tuple(x.detach().transpose(1, 2) for x in (out, *grads))
 
 
-def test_sdpa_control_is_deterministic():
-    """The control compares runs bitwise, so it must give the same bits on the same inputs."""
+def _same_bits(a, b):
+    """Elementwise: the same value (NaN counts as the same as NaN)."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
+
+
+def _control_changed(base, again, after, keep_q, keep_kv):
+    """Prefix gradient elements of the control changed by a perturbation, counted only where the
+    control gives the same bits twice on the base inputs: torch's flash SDPA backward adds dQ with
+    atomics (measured on the H200: two runs differ), so its other elements decide there."""
+    total = 0
+    for a, a2, b, keep in zip(base[1:], again[1:], after[1:], (keep_q, keep_kv, keep_kv)):
+        rows = keep.repeat(a.shape[0])
+        a, a2, b = (x.flatten(0, 1)[rows] for x in (a, a2, b))
+        total += int((_same_bits(a, a2) & ~_same_bits(a, b)).sum())
+    return total
+
+
+def test_sdpa_control_is_deterministic_where_it_decides():
+    """The control compares runs bitwise: its output, dK and dV must give the same bits on the
+    same inputs (dQ may not: _control_changed leaves its unstable elements out)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, d_out = (_rand(2, 512, n, 128, gen=gen) for n in (4, 2, 2, 4))
     first, second = _sdpa(q, k, v, d_out, True), _sdpa(q, k, v, d_out, True)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, second):
+        stable = float(_same_bits(a, b).float().mean())
+        print(f"sdpa control: {name} stable in {stable:.4f} of its elements")
+    assert all(torch.equal(a, b) for a, b in zip(first[:1] + first[2:], second[:1] + second[2:]))
 
 
 def _changed(base, after, keep_q, keep_kv):
@@ -325,9 +346,9 @@ def _prefix_case(recipe, d, magnitude, target, gen, unguarded=False):
             y[:, t + 1 :] = _future_values(magnitude, y[:, t + 1 :].shape, gen).bfloat16()
         pert.append(y)
     keep = torch.arange(s, device="cuda") <= t
-    control = _changed(
-        _sdpa(q, k, v, d_out, is_causal=True), _sdpa(*pert, d_out, is_causal=True), keep, keep
-    )
+    base = _sdpa(q, k, v, d_out, is_causal=True)
+    again = _sdpa(q, k, v, d_out, is_causal=True)
+    control = _control_changed(base, again, _sdpa(*pert, d_out, is_causal=True), keep, keep)
     call = _dense_call(recipe, "bshd", "causal", b, s, s)
     extra = dict(unguarded=True) if unguarded else {}
     fork = _changed(

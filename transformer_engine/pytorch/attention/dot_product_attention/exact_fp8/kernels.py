@@ -138,26 +138,15 @@ def attention_forward(
     out has q's shape and dtype, lse is fp32 [h, t_q] (natural log, -inf for a row that sees
     nothing). The "cuda" backend raises ValueError for what it does not run yet."""
     backend = choose_backend(q, k, v, **kwargs) if backend is None else backend
-    launcher = _LAUNCHERS.get(backend)
-    if launcher is None:
-        launcher = _launcher(backend)
-    _last["backend"] = backend
-    return launcher(q, k, v, **kwargs)
-
-
-_LAUNCHERS = {}  # backend -> its exact_fp8_attention_forward, imported on first use
-
-
-def _launcher(backend: str):
     _check_backend(backend)
-    if backend == "triton":
-        from .triton.attention import exact_fp8_attention_forward
-    elif backend == "cuda":
+    _last["backend"] = backend
+    # Imported per call (a dict lookup once loaded), so that a launcher patched by a test or a
+    # tool is the one that runs.
+    if backend == "cuda":
         from .cuda.attention import exact_fp8_attention_forward
     else:
-        raise AssertionError(f"no launcher for backend {backend!r}")
-    _LAUNCHERS[backend] = exact_fp8_attention_forward
-    return exact_fp8_attention_forward
+        from .triton.attention import exact_fp8_attention_forward
+    return exact_fp8_attention_forward(q, k, v, **kwargs)
 
 
 def attention_backward(
