@@ -72,7 +72,13 @@ class AttentionCall:
         return self.cu_seqlens_q[: batch + 1], self.cu_seqlens_kv[: batch + 1]
 
     def kernel_kwargs(self, batch: int) -> dict:
-        cu_q, cu_kv = self.seqlens(batch)
+        """The kernels' keyword arguments. cu_seqlens go along only where the mask reads them
+        (thd, padding masks): a dense call without them is one the sm90 CUDA kernel can run
+        (kernels.choose_backend), and no launcher reads them for dense calls."""
+        if self.qkv_format == "thd" or "padding" in self.attn_mask_type:
+            cu_q, cu_kv = self.seqlens(batch)
+        else:
+            cu_q = cu_kv = None
         return dict(
             recipe=self.recipe,
             qkv_format=self.qkv_format,
