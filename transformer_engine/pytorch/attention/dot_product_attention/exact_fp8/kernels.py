@@ -100,17 +100,22 @@ def select_backend(forced: Optional[str] = _UNREAD) -> str:
 
 def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> str:
     """The backend that runs this call (the module doc says how it is chosen)."""
+    return _choose(q, k, v, kwargs)[0]
+
+
+def _choose(q, k, v, kwargs) -> Tuple[str, bool]:
+    """(backend, whether the CUDA kernel's checks accepted the call)."""
     forced = _forced_backend()  # the environment read once per call
     preferred = select_backend(forced)
     if preferred != "cuda" or forced == "cuda":
-        return preferred
+        return preferred, False
     from .cuda.attention import unsupported_reason
 
     reason = unsupported_reason(q, k, v, **kwargs)
     if reason is None:
-        return "cuda"
+        return "cuda", True
     _LOGGER.debug("Disabling the CUDA kernel of mask-exact FP8 attention: %s", reason)
-    return "triton"
+    return "triton", False
 
 
 def last_backend() -> Optional[str]:
@@ -137,11 +142,17 @@ def attention_forward(
     q, k, v and the keyword arguments as triton.attention.exact_fp8_attention_forward takes them;
     out has q's shape and dtype, lse is fp32 [h, t_q] (natural log, -inf for a row that sees
     nothing). The "cuda" backend raises ValueError for what it does not run yet."""
-    backend = choose_backend(q, k, v, **kwargs) if backend is None else backend
+    checked = False
+    if backend is None:
+        backend, checked = _choose(q, k, v, kwargs)
     _check_backend(backend)
     _last["backend"] = backend
     # Imported per call (a dict lookup once loaded), so that a launcher patched by a test or a
     # tool is the one that runs.
+    if checked:  # the CUDA kernel's checks accepted the call: not made twice
+        from .cuda.attention import forward_supported
+
+        return forward_supported(q, k, v, **kwargs)
     if backend == "cuda":
         from .cuda.attention import exact_fp8_attention_forward
     else:

@@ -30,6 +30,7 @@ __all__ = [
     "Operands",
     "exact_fp8_attention_forward",
     "extension_has_kernel",
+    "forward_supported",
     "launch",
     "quantize_operands",
     "unsupported_reason",
@@ -53,7 +54,25 @@ def _unsupported(what: str) -> ValueError:
     )
 
 
-def exact_fp8_attention_forward(
+def exact_fp8_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs):
+    """Mask-exact FP8 attention forward on sm_90a. Returns (out, lse).
+
+    Arguments: forward_supported's. Raises ValueError naming what the kernel does not run (or
+    an argument error)."""
+    error = _refusal(q, k, v, kwargs)
+    if error is not None:
+        raise error
+    return forward_supported(q, k, v, **kwargs)
+
+
+def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
+    """Why the kernel does not run this call (forward_supported's arguments), or None: the
+    checks of exact_fp8_attention_forward, which kernels.choose_backend makes once per call."""
+    error = _refusal(q, k, v, kwargs)
+    return None if error is None else str(error)
+
+
+def forward_supported(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -74,19 +93,16 @@ def exact_fp8_attention_forward(
     fp8_v_everywhere: bool = False,
     q_fp8: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Mask-exact FP8 attention forward on sm_90a. Returns (out, lse).
+    """The forward of a call unsupported_reason accepts (it checks nothing itself).
 
     q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0), bf16, d = 128; out: q's shape,
     bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
     key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3, scale_inv [h, b * s_q] fp32).
-    max_seqlen_q / max_seqlen_kv are accepted for the common signature and not needed.
+    The recipe, format, mask, window, cu_seqlens (None), max_seqlen_q / max_seqlen_kv and
+    fp8_v_everywhere (False) are taken for the common signature; the checks have read them.
     """
-    del max_seqlen_q, max_seqlen_kv
-    _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_everywhere)
-    if any(x is not None for x in (cu_seqlens_q, cu_seqlens_kv)):
-        raise _unsupported("cu_seqlens (padding masks)")
-    if any(x is not None for x in (cu_seqlens_q_padded, cu_seqlens_kv_padded)):
-        raise _unsupported("padded cu_seqlens")
+    del recipe, qkv_format, window_size, max_seqlen_q, max_seqlen_kv, fp8_v_everywhere
+    del cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     batch, s_q, heads, d = q.shape
     s_kv = k.shape[1]
     if softmax_scale is None:
@@ -103,25 +119,28 @@ def exact_fp8_attention_forward(
     return out, lse
 
 
-def unsupported_reason(q, k, v, **kwargs) -> Optional[str]:
-    """Why the kernel does not run this call (exact_fp8_attention_forward's arguments), or None.
-    Checks only; an argument error of the call is left to the backend that runs it."""
+_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+_PARAMETERS = frozenset(inspect.signature(forward_supported).parameters)
+
+
+def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
+    """The ValueError exact_fp8_attention_forward raises for this call, or None."""
     unknown = sorted(n for n, x in kwargs.items() if n not in _PARAMETERS and x is not None)
     if unknown:
-        return f"argument(s) {', '.join(unknown)}"
+        return ValueError(
+            f"the sm90 CUDA attention kernel takes no argument(s) {', '.join(unknown)}"
+        )
+    if "recipe" not in kwargs:
+        return ValueError("recipe is required")
     if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
-        return "cu_seqlens (padding masks and thd) are not supported yet"
+        return _unsupported("cu_seqlens (padding masks and thd)")
     try:
-        _check(q, k, v, kwargs.get("recipe"), kwargs.get("qkv_format", "bshd"),
+        _check(q, k, v, kwargs["recipe"], kwargs.get("qkv_format", "bshd"),
                kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"),
                kwargs.get("fp8_v_everywhere", False))  # fmt: skip
     except ValueError as err:
-        return str(err)
+        return err
     return None
-
-
-_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
-_PARAMETERS = frozenset(inspect.signature(exact_fp8_attention_forward).parameters)
 
 
 class Operands(NamedTuple):
