@@ -546,19 +546,6 @@ def te_recipe(monkeypatch):
     return make
 
 
-@pytest.fixture
-def backward_runs(monkeypatch):
-    runs = []
-    original = backward_module.exact_fp8_attention_backward
-
-    def counted(*args, **kwargs):
-        runs.append(kwargs["recipe"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(backward_module, "exact_fp8_attention_backward", counted)
-    return runs
-
-
 def _dpa_prefix(te, recipe, d, magnitude, target, gen):
     """(changed prefix gradient elements, of the BF16 control) through DotProductAttention."""
     b, s, h, h_kv, t = 2, 512, 4, 2, 300

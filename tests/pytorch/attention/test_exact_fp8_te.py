@@ -40,9 +40,6 @@ try:
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (
         kernels as kernel_module,
     )
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
-        backward as backward_module,
-    )
 
     _TE_MISSING = None if hasattr(dpa_module, "exact_fp8_backend") else "TE without the fork"
 except Exception as error:  # pylint: disable=broad-exception-caught
@@ -82,34 +79,6 @@ E4M3 = None if _TE_MISSING else te_recipes.Format.E4M3
 def _deterministic(monkeypatch):
     """DESIGN.md section 7 runs with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (read by DPA's __init__)."""
     monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
-
-
-@pytest.fixture
-def kernel_runs(monkeypatch):
-    """The recipes of the mask-exact forward calls made during a test (any kernel backend)."""
-    runs = []
-    original = kernel_module.attention_forward
-
-    def counted(*args, **kwargs):
-        runs.append(kwargs["recipe"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(kernel_module, "attention_forward", counted)
-    return runs
-
-
-@pytest.fixture
-def backward_runs(monkeypatch):
-    """The recipes of the mask-exact backward launches made during a test."""
-    runs = []
-    original = backward_module.exact_fp8_attention_backward
-
-    def counted(*args, **kwargs):
-        runs.append(kwargs["recipe"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(backward_module, "exact_fp8_attention_backward", counted)
-    return runs
 
 
 def _current(field=True):
