@@ -52,6 +52,9 @@ sys.path.insert(0, str(ROOT))
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    gpu_ms_per_call,
+)
 
 TINY = (1, 128, 1, 128)  # b, s, h, d
 LARGE = (2, 8192, 16, 128)
@@ -252,20 +255,6 @@ def part1(calls: int, repeats: int):
     return rows, skipped
 
 
-def _gpu_ms(fn, warmup=5, calls=25) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(calls):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def part2(skipped):
     rows = {}
     q, k, v = _inputs(LARGE, seed=3)
@@ -277,13 +266,13 @@ def part2(skipped):
         ops = cuda_attention.quantize_operands(q, k, v, qkv_format="bshd")
         out = torch.empty_like(q)
         lse = torch.empty(LARGE[2], LARGE[0] * LARGE[1], dtype=torch.float32, device="cuda")
-        rows["cuda forward"] = _gpu_ms(
+        rows["cuda forward"] = gpu_ms_per_call(
             lambda: kernels.attention_forward(q, k, v, backend="cuda", **KW)
         )
-        rows["cuda kernel"] = _gpu_ms(
+        rows["cuda kernel"] = gpu_ms_per_call(
             lambda: cuda_attention.launch(ops, out, lse, True, LARGE[3] ** -0.5)
         )
-        rows["cuda quantization"] = _gpu_ms(
+        rows["cuda quantization"] = gpu_ms_per_call(
             lambda: cuda_attention.quantize_operands(q, k, v, qkv_format="bshd")
         )
         rows["cuda host gaps"] = (
@@ -294,7 +283,7 @@ def part2(skipped):
     else:
         skipped["part 2 cuda"] = skipped.get("fork cuda", "the CUDA backend is not available")
     if kernels.backend_available("triton"):
-        rows["triton forward"] = _gpu_ms(
+        rows["triton forward"] = gpu_ms_per_call(
             lambda: kernels.attention_forward(q, k, v, backend="triton", **KW)
         )
     return rows

@@ -41,6 +41,9 @@ except ImportError:  # the checkout: the kernel rows only
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    gpu_ms_per_call,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
     attention as cuda_attention,
 )
@@ -51,20 +54,6 @@ SHAPES = [(2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8
           (1, 64, 8, 16384)]  # fmt: skip
 ENTRIES = ("cuda", "cuda kernel", "quantize", "triton", "sdpa flash", "sdpa cudnn", "te fork")
 ENTRIES += ("te bf16", "te delayed")
-
-
-def _time_ms(fn, warmup=5, calls=25) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(calls):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _entries(q, k, v):
@@ -143,7 +132,7 @@ def speed_table(rounds: int):
         names = list(runnable)
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                times[name].append(_time_ms(runnable[name]))
+                times[name].append(gpu_ms_per_call(runnable[name]))
         flops = 2 * b * h * s * s * HEAD_DIM
         for name, t in times.items():
             ms = statistics.median(t)

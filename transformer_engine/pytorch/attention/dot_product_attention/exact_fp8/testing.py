@@ -78,6 +78,22 @@ FP8 ring reduces one amax over the group); "straddling-chunk", one V scale per 2
 tokens, so that a scale straddles two ranks' shards (with 128-token load-balanced chunks)."""
 
 
+def gpu_ms_per_call(fn: Callable[[], object], warmup: int = 5, calls: int = 25) -> float:
+    """Median GPU time of one call of fn in ms: CUDA events around each call, synchronized after
+    each (so host time between calls is not counted, the call's own host gaps are)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(calls):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def leaky_cp_quantizer(rule: str, v_global: torch.Tensor, cp_size: int, qkv_format: str):
     """A payload builder for context_parallel.simulate's `quantize` whose V scales follow the
     leaky `rule` (LEAKY_CP_RULES) over the global V [b, s, h_kv, d] (bshd) or [s, b, ...]; K and
