@@ -155,19 +155,24 @@ def main() -> int:
     if not torch.cuda.is_available() or not Q.extension_available():
         print("needs a CUDA GPU and the transformer_engine_exact_fp8 extension", file=sys.stderr)
         return 1
-    table = run()
+    shape = f"- shape: b={BATCH}, s={SEQLEN}, h={HEADS}, d={HEAD_DIM}, bshd, bf16\n"
+    write_report("Quantization kernels: achieved bandwidth", __doc__, run(), args.output, shape)
+    return 0
+
+
+def write_report(title: str, doc: str, table: str, output: Path, extra: str = "") -> None:
+    """The markdown record (title, date, versions, command, the method from the module doc's
+    third paragraph on, the table) to `output`, and printed."""
     command = "python " + " ".join(sys.argv)
     report = (
-        "# Quantization kernels: achieved bandwidth\n\n"
+        f"# {title}\n\n"
         f"- date: {datetime.date.today().isoformat()}\n{_versions()}\n"
-        f"- shape: b={BATCH}, s={SEQLEN}, h={HEADS}, d={HEAD_DIM}, bshd, bf16\n"
-        f"- command: `{command}`\n\n"
-        f"{__doc__.split(chr(10) + chr(10), 2)[2].strip()}\n\n{table}\n"
+        f"{extra}- command: `{command}`\n\n"
+        f"{doc.split(chr(10) + chr(10), 2)[2].strip()}\n\n{table}\n"
     )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
     print(report)
-    return 0
 
 
 if __name__ == "__main__":

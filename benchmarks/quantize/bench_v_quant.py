@@ -15,7 +15,6 @@ kernel.
 """
 
 import argparse
-import datetime
 import math
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench_exact_fp8_quantize import _graph_seconds, _versions  # noqa: E402
+from bench_exact_fp8_quantize import _graph_seconds, write_report  # noqa: E402
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     quantize as Q,
 )
@@ -141,17 +140,7 @@ def main() -> int:
     if not torch.cuda.is_available() or not Q.extension_available():
         print("needs a CUDA GPU and the transformer_engine_exact_fp8 extension", file=sys.stderr)
         return 1
-    table = run()
-    command = "python " + " ".join(sys.argv)
-    report = (
-        "# V quantization: achieved bandwidth next to a copy\n\n"
-        f"- date: {datetime.date.today().isoformat()}\n{_versions()}\n"
-        f"- command: `{command}`\n\n"
-        f"{__doc__.split(chr(10) + chr(10), 2)[2].strip()}\n\n{table}\n"
-    )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report)
-    print(report)
+    write_report("V quantization: achieved bandwidth next to a copy", __doc__, run(), args.output)
     return 0
 
 
