@@ -2,7 +2,8 @@
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
  * ping-ponged, softmax overlapped with the next tile's Q.K^T inside each warpgroup.
  *
- * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three warpgroups (384 threads).
+ * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three
+ * warpgroups (384 threads).
  *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
  *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
  *     barriers; setmaxnreg gives its registers to the consumers.

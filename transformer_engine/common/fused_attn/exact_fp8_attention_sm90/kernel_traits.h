@@ -2,10 +2,10 @@
  * Tile shapes, shared-memory layouts and tiled MMAs of the sm90 mask-exact FP8 attention forward.
  *
  * One CTA owns one 128-row query tile of one (sample, head): a producer warpgroup (its first
- * warp issues the TMA loads and stages the K scales; setmaxnreg gives its registers away) and two consumer warpgroups, 64 rows
- * each. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT, the format's constants: Note
- * [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with their own barriers so
- * that a tile's Q.K^T starts before its V has arrived.
+ * warp issues the TMA loads and stages the K scales; setmaxnreg gives its registers away) and two
+ * consumer warpgroups, 64 rows each. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT, the
+ * format's constants: Note [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with
+ * their own barriers so that a tile's Q.K^T starts before its V has arrived.
  *
  * Shared memory (d = 128):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB

@@ -85,8 +85,9 @@ struct KernelParams {
 
 // The producer: the first warp of the producer warpgroup. Its lane 0 issues every TMA load of
 // the CTA; its 32 lanes copy each K tile's 128 K scales (0 past s_kv) and the tile's V chunk
-// scale into shared memory and arrive on the tile's K barrier. Visit i of the KV tiles uses stage i % kStages; the stage is
-// refilled once all consumer warps released it (empty barriers), K and V separately.
+// scale into shared memory and arrive on the tile's K barrier. Visit i of the KV tiles uses
+// stage i % kStages; the stage is refilled once all consumer warps released it (empty
+// barriers), K and V separately.
 struct Producer {
   using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -130,9 +131,10 @@ struct Producer {
   // The K scales of keys 4 lane .. 4 lane + 3 of KV tile kt (0 past s_kv).
   CUTLASS_DEVICE float4 load_k_scales(const float *k_scale, int kt, int lane) const {
     const int key0 = kt * kKVTile + 4 * lane;
-    const int s_kv = kp.p.seqlen_kv;
-    return float4{key0 + 0 < s_kv ? k_scale[key0 + 0] : 0.0f, key0 + 1 < s_kv ? k_scale[key0 + 1] : 0.0f,
-                  key0 + 2 < s_kv ? k_scale[key0 + 2] : 0.0f, key0 + 3 < s_kv ? k_scale[key0 + 3] : 0.0f};
+    float ks[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ks[i] = key0 + i < kp.p.seqlen_kv ? k_scale[key0 + i] : 0.0f;
+    return float4{ks[0], ks[1], ks[2], ks[3]};
   }
 
   CUTLASS_DEVICE void load_q(int head, int q_tile) {
