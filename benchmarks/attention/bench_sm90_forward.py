@@ -1,6 +1,6 @@
 """Speed of the sm_90a CUDA attention forward next to the Triton kernel and torch's BF16 SDPA.
 
-    python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3]
+    python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3] [--entries A,B]
 
 Causal bshd, bf16, d = 128 (current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
 h = 64, h_kv = 8 at s = 8k, 16k. Entries:
@@ -109,7 +109,7 @@ def _te_entries(q, k, v):
     return entries
 
 
-def speed_table(rounds: int):
+def speed_table(rounds: int, only=None):
     results, skipped = {}, {}
     for shape in SHAPES:
         b, h, h_kv, s = shape
@@ -121,6 +121,8 @@ def speed_table(rounds: int):
         )
         runnable = {}
         for name, fn in _entries(q, k, v).items():
+            if only is not None and name not in only:
+                continue
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -158,7 +160,8 @@ def markdown(results, rounds) -> str:
             cells.append(f"{r['tflops']:.0f} ({r['ms']:.2f} ms)" if r else "-")
         sdpa = [results[(shape, n)]["ms"] for n in ("sdpa flash", "sdpa cudnn")
                 if (shape, n) in results]  # fmt: skip
-        ratio = f"{min(sdpa) / results[(shape, 'cuda')]['ms']:.2f}x" if sdpa else "-"
+        cuda = results.get((shape, "cuda"))
+        ratio = f"{min(sdpa) / cuda['ms']:.2f}x" if sdpa and cuda else "-"
         b, h, h_kv, s = shape
         lines.append(f"| {b}, {h}, {h_kv}, {s // 1024}k | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
@@ -168,11 +171,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--entries", help=f"comma-separated entries to run (default all: {', '.join(ENTRIES)})"
+    )
     args = parser.parse_args()
+    only = None
+    if args.entries:
+        only = [e.strip() for e in args.entries.split(",")]
+        unknown = [e for e in only if e not in ENTRIES]
+        if unknown:
+            parser.error(f"unknown entries {unknown}; known: {', '.join(ENTRIES)}")
     if not kernels.backend_available("cuda"):
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
-    results, skipped = speed_table(args.rounds)
+    results, skipped = speed_table(args.rounds, only)
     table = markdown(results, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_forward.md").write_text(table)

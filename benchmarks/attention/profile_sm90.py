@@ -1,0 +1,85 @@
+"""Launches of the sm_90a attention kernel alone, for a profiler or a memory checker to watch.
+
+    python benchmarks/attention/profile_sm90.py [--shape B,H,H_KV,S] [--mask causal] [--calls 4]
+    python benchmarks/attention/profile_sm90.py --small     (the memory checker's shapes)
+
+Quantizes random bf16 Q, K and V once (bshd, d = 128, current scaling), then launches the kernel
+--calls times on them (a profiler skips the first ones: `ncu --launch-skip 3 --launch-count 1
+-k regex:attention_fwd`). --small instead runs a few small shapes (unaligned lengths, GQA, both
+masks) through the CUDA backend's forward once each and checks that every output is finite.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
+    kernels,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
+    attention as cuda_attention,
+)
+
+HEAD_DIM = 128
+# (b, h, h_kv, s, mask): unaligned lengths, a partial last tile, GQA, a one-tile sequence
+SMALL = [(2, 4, 4, 300, "causal"), (2, 4, 2, 257, "no_mask"), (1, 8, 1, 130, "causal"),
+         (3, 2, 2, 128, "no_mask"), (1, 2, 2, 1, "causal")]  # fmt: skip
+
+
+def _inputs(b, h, h_kv, s, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+    k, v = (torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+            for _ in range(2))  # fmt: skip
+    return q, k, v
+
+
+def kernel_launches(shape, mask, calls):
+    b, h, h_kv, s = shape
+    q, k, v = _inputs(b, h, h_kv, s)
+    ops = cuda_attention.quantize_operands(q, k, v, qkv_format="bshd")
+    out = torch.empty_like(q)
+    lse = torch.empty(h, b * s, dtype=torch.float32, device="cuda")
+    for _ in range(calls):
+        cuda_attention.launch(ops, out, lse, mask == "causal", HEAD_DIM**-0.5)
+    torch.cuda.synchronize()
+    print(f"{calls} launches of {shape} {mask}: output finite {bool(torch.isfinite(out).all())}")
+
+
+def small_forwards():
+    bad = 0
+    for b, h, h_kv, s, mask in SMALL:
+        q, k, v = _inputs(b, h, h_kv, s, seed=s)
+        out, lse = kernels.attention_forward(
+            q, k, v, backend="cuda", recipe="current", qkv_format="bshd", attn_mask_type=mask
+        )
+        torch.cuda.synchronize()
+        finite = bool(torch.isfinite(out).all())
+        bad += not finite
+        print(f"b={b} h={h} h_kv={h_kv} s={s} {mask}: output finite {finite}")
+    return 1 if bad else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="2,16,16,8192", help="b,h,h_kv,s")
+    parser.add_argument("--mask", choices=("causal", "no_mask"), default="causal")
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--small", action="store_true", help="the memory checker's small shapes")
+    args = parser.parse_args()
+    if not kernels.backend_available("cuda"):
+        print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
+        return 1
+    if args.small:
+        return small_forwards()
+    kernel_launches(tuple(int(x) for x in args.shape.split(",")), args.mask, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
