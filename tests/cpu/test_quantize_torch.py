@@ -278,8 +278,46 @@ def _cu(*offsets, dtype=torch.int32):
     return torch.tensor(offsets, dtype=dtype)
 
 
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize(
+    "qkv_format,starts", [("thd", [0, 5, 70, 70, 133, 200]), ("bshd", [0, 37, 74, 111])]
+)
+def test_sm90_pv_key_order_permutes_each_complete_16_token_group(qkv_format, starts, aligned):
+    """key_order="sm90_pv": inside each complete 16-token group of a sequence, column i holds
+    the group's token SM90_PV_KEY_ORDER[i]; an incomplete last group, the scales and the chunks
+    stay as in the natural order."""
+    v = _x(starts[-1] + 9, 2, 64, dtype=torch.bfloat16, seed=6) * 100
+    kw = dict(qkv_format="thd", cu_seqlens=torch.tensor(starts, dtype=torch.int32))
+    if qkv_format == "bshd":
+        v, kw = v[: starts[-1]].reshape(len(starts) - 1, starts[1], 2, 64), dict(qkv_format="bshd")
+    kw["aligned_columns"] = aligned
+    natural = Q.per_chunk_cast_to_fp8_transposed(v, **kw)
+    permuted = Q.per_chunk_cast_to_fp8_transposed(v, key_order="sm90_pv", **kw)
+    assert torch.equal(permuted[1], natural[1]) and torch.equal(permuted[2], natural[2])
+    columns = vt_layout.aligned_column_starts_list(starts) if aligned else starts
+    expected = natural[0].view(torch.uint8).clone()
+    for n, (a, b) in enumerate(zip(starts, starts[1:])):
+        span, c0 = b - a, columns[n]
+        for g in range(span // 16):
+            for i, j in enumerate(vt_layout.SM90_PV_KEY_ORDER):
+                expected[..., c0 + 16 * g + i] = natural[0].view(torch.uint8)[..., c0 + 16 * g + j]
+    assert torch.equal(permuted[0].view(torch.uint8), expected)
+    assert sorted(vt_layout.SM90_PV_KEY_ORDER) == list(range(16))
+
+
+def test_key_order_columns():
+    assert vt_layout.key_order_columns(20, "natural").tolist() == list(range(20))
+    order = vt_layout.key_order_columns(37, "sm90_pv").tolist()
+    assert order[:16] == list(vt_layout.SM90_PV_KEY_ORDER)
+    assert order[16:32] == [16 + j for j in vt_layout.SM90_PV_KEY_ORDER]
+    assert order[32:] == [32, 33, 34, 35, 36]  # the incomplete group: natural order
+    with pytest.raises(ValueError, match="key_order must be one of"):
+        vt_layout.key_order_columns(4, "reversed")
+
+
 BAD_V = [
     ("chunk", dict(chunk=48), ValueError, "chunk must be one of \\(16, 32, 64, 128\\)"),
+    ("key order", dict(key_order="reversed"), ValueError, "key_order must be one of"),
     ("cu for bshd", dict(qkv_format="bshd", cu_seqlens=_cu(0, 8)), ValueError, "thd only"),
     ("thd without cu", dict(cu_seqlens=None), ValueError, "thd needs cu_seqlens"),
     ("cu dtype", dict(cu_seqlens=_cu(0, 8, dtype=torch.int64)), TypeError, "int32 tensor"),

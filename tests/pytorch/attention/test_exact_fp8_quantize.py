@@ -149,6 +149,17 @@ def test_per_chunk_matches_reference(qkv_format, dtype, d, chunk, aligned):
 
 
 @pytest.mark.parametrize("qkv_format", FORMATS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("aligned", [False, True])
+def test_per_chunk_sm90_pv_key_order_matches_reference(qkv_format, d, aligned):
+    """key_order="sm90_pv" (the sm90 kernel's V8^T): CUDA == reference byte for byte, the
+    sequences' incomplete 16-token groups included (CU_SEQLENS and seqlen 150)."""
+    v, cu = _make(qkv_format, torch.bfloat16, d, torch.Generator().manual_seed(d + 7))
+    kw = dict(qkv_format=qkv_format, cu_seqlens=cu, aligned_columns=aligned, key_order="sm90_pv")
+    assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, v, **kw))
+
+
+@pytest.mark.parametrize("qkv_format", FORMATS)
 @pytest.mark.parametrize("pow2,eps", [(True, 0.0), (False, 1.0), (True, 1e-3)])
 def test_per_chunk_scale_options(qkv_format, pow2, eps):
     v, cu = _make(qkv_format, torch.bfloat16, 128, torch.Generator().manual_seed(5))
@@ -540,6 +551,20 @@ def test_c_api_errors_become_python_exceptions():
     with pytest.raises(ValueError, match="num_chunks 1"):
         ext.per_chunk_cast_transposed(
             view, chunks, False, 0.0, out.data_ptr(), 16, scale.data_ptr(), 0
+        )
+    chunks = ext.Chunks(cu_seqlens=0, cu_chunks=0, num_seqs=1, num_chunks=1, chunk=64,
+                        key_order=7)  # fmt: skip
+    with pytest.raises(ValueError, match="key_order must be NVTE_EXACT_FP8_KEYS_NATURAL"):
+        ext.per_chunk_cast_transposed(
+            view, chunks, False, 0.0, out.data_ptr(), 16, scale.data_ptr(), 0
+        )
+    chunks = ext.Chunks(cu_seqlens=0, cu_chunks=0, num_seqs=1, num_chunks=1, chunk=32,
+                        key_order=ext.KEYS_SM90_PV)  # fmt: skip
+    with pytest.raises(
+        ValueError, match="MXFP8 transposed cast writes NVTE_EXACT_FP8_KEYS_NATURAL"
+    ):
+        ext.per_chunk_cast_mxfp8_columnwise_transposed(
+            view, chunks, out.data_ptr(), 16, scale.data_ptr(), 0
         )
     cu = torch.zeros(3, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="nvte_exact_fp8_sequence_offsets: chunk must be"):

@@ -77,6 +77,10 @@ std::string check_chunks(const NVTEExactFP8TokenView &v, const NVTEExactFP8Chunk
   if (c->chunk != 16 && c->chunk != 32 && c->chunk != 64 && c->chunk != 128) {
     return "chunk must be 16, 32, 64 or 128 tokens, got " + num(c->chunk);
   }
+  if (c->key_order != NVTE_EXACT_FP8_KEYS_NATURAL && c->key_order != NVTE_EXACT_FP8_KEYS_SM90_PV) {
+    return "key_order must be NVTE_EXACT_FP8_KEYS_NATURAL or NVTE_EXACT_FP8_KEYS_SM90_PV, got " +
+           num(c->key_order);
+  }
   if (c->cu_seqlens == nullptr) {
     const int64_t expected = v.batch * ((v.seqlen + c->chunk - 1) / c->chunk);
     if (c->num_seqs != v.batch || c->num_chunks != expected) {
@@ -205,6 +209,9 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
     if (err.empty()) err = ef::check_chunks(*v, chunks);
     if (err.empty() && chunks->chunk != ef::kMxBlock) {
       err = "MXFP8 chunks are 32 tokens (one E8M0 block), got " + ef::num(chunks->chunk);
+    }
+    if (err.empty() && chunks->key_order != NVTE_EXACT_FP8_KEYS_NATURAL) {
+      err = "the MXFP8 transposed cast writes NVTE_EXACT_FP8_KEYS_NATURAL order only";
     }
     if (err.empty()) {
       err = ef::check_transposed_output(*v, *chunks, data_t, data_t_stride, scales);

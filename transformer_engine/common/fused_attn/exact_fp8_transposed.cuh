@@ -41,6 +41,7 @@ struct ChunkParams {
   const int32_t *cu_seqlens;  // [num_seqs + 1] token offsets; null: one sequence per sample
   const int32_t *cu_chunks;   // [num_seqs + 1] chunk offsets (with cu_seqlens)
   const int32_t *columns;     // [num_seqs + 1] first column of each sequence; null: token index
+  bool sm90_pv_keys;          // NVTE_EXACT_FP8_KEYS_SM90_PV: complete 16-token groups permuted
   int num_seqs;
   int num_chunks;
   int chunks_per_sample;  // without cu_seqlens
@@ -69,6 +70,7 @@ inline ChunkParams make_chunk_params(const NVTEExactFP8TokenView &v,
                      chunks.cu_seqlens,
                      chunks.cu_chunks,
                      chunks.columns,
+                     chunks.key_order == NVTE_EXACT_FP8_KEYS_SM90_PV,
                      static_cast<int>(chunks.num_seqs),
                      num_chunks,
                      static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk),

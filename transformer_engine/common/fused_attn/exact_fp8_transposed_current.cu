@@ -165,6 +165,18 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head, int c, bo
   return scale;
 }
 
+/* The 16 E4M3 bytes of one channel and 16-token group (word w: tokens 4 w .. 4 w + 3) in
+ * NVTE_EXACT_FP8_KEYS_SM90_PV order: word q of the result holds tokens 2 q, 2 q + 1, 8 + 2 q,
+ * 9 + 2 q (the keys that lane q of a quad holds in the sm90 kernel's P fragment), i.e. the
+ * (q % 2)-th token pair of words q / 2 and 2 + q / 2. */
+__device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
+  const uint32_t natural[4] = {bytes[0], bytes[1], bytes[2], bytes[3]};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    bytes[q] = __byte_perm(natural[q / 2], natural[2 + q / 2], (q % 2) ? 0x7632u : 0x5410u);
+  }
+}
+
 /* Casts item `item` from `tile` ([128 rows x kPieces] 16-byte pieces, swizzled) into data_t
  * ([heads, head_dim, data_t_stride] E4M3): lane (channel group cg, token group g) of warp w takes
  * tokens 16 g .. 16 g + 15 of channels 32 w + 8 cg .. + 7. partial: [warps][chunks] fp32. */
@@ -198,10 +210,12 @@ __device__ void cast_item(const ChunkParams &p, int64_t item, const uint4 *tile,
   }
   const int channel = warp * kChannelsPerWarp + channels * kChannelsPerLane;
   const int64_t column = chunks.column[c] + first;
+  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;  // a complete 16-token group
 #pragma unroll
   for (int ch = 0; ch < kChannelsPerLane; ++ch) {
     uint32_t bytes[4];
     cast_channel<T>(rows, ch, scale, bytes);
+    if (permute) to_sm90_pv_key_order(bytes);
     store_channel(p, head, channel + ch, column, valid, bytes);
   }
 }

@@ -48,13 +48,15 @@ NVTEExactFP8TokenView token_view(uintptr_t data, int dtype, int64_t batch, int64
 }
 
 NVTEExactFP8Chunks chunks(uintptr_t cu_seqlens, uintptr_t cu_chunks, int64_t num_seqs,
-                          int64_t num_chunks, int32_t chunk, uintptr_t columns) {
+                          int64_t num_chunks, int32_t chunk, uintptr_t columns,
+                          int32_t key_order) {
   return NVTEExactFP8Chunks{as_ptr<const int32_t>(cu_seqlens),
                             as_ptr<const int32_t>(cu_chunks),
                             num_seqs,
                             num_chunks,
                             chunk,
-                            as_ptr<const int32_t>(columns)};
+                            as_ptr<const int32_t>(columns),
+                            key_order};
 }
 
 }  // namespace
@@ -73,9 +75,13 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
 
   py::class_<NVTEExactFP8Chunks>(m, "Chunks",
                                  "Sequences and chunk size of a per-chunk cast (cu_seqlens 0: "
-                                 "one sequence per sample; columns 0: token i in column i).")
+                                 "one sequence per sample; columns 0: token i in column i; "
+                                 "key_order: NVTEExactFP8KeyOrder).")
       .def(py::init(&chunks), py::arg("cu_seqlens"), py::arg("cu_chunks"), py::arg("num_seqs"),
-           py::arg("num_chunks"), py::arg("chunk"), py::arg("columns") = 0);
+           py::arg("num_chunks"), py::arg("chunk"), py::arg("columns") = 0,
+           py::arg("key_order") = static_cast<int32_t>(NVTE_EXACT_FP8_KEYS_NATURAL));
+  m.attr("KEYS_NATURAL") = static_cast<int>(NVTE_EXACT_FP8_KEYS_NATURAL);
+  m.attr("KEYS_SM90_PV") = static_cast<int>(NVTE_EXACT_FP8_KEYS_SM90_PV);
 
   m.def(
       "per_token_cast",

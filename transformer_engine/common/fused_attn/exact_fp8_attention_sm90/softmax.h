@@ -136,39 +136,30 @@ struct OnlineSoftmax {
 };
 
 // P (fp32, the 64 x 128 accumulator fragment of S) -> the E4M3 A operand of the P.V WGMMA
-// (cute's ALayout_64x32 per 32 keys: word w of 4 E4M3 holds row half w & 1, keys
-// 32 (w >> 2) + 16 ((w >> 1) & 1) + 4 q + {0..3}).
+// (cute's ALayout_64x32 per 32 keys: word w of 4 E4M3 holds row half w & 1 and the operand's
+// keys 32 (w >> 2) + 16 ((w >> 1) & 1) + 4 q + {0..3}).
 //
-// Lane q of a quad holds keys 8 j' + 2 q + {0, 1} of each 32-key block but needs keys
-// 4 q + {0..3} and 16 + 4 q + {0..3}: the key pairs move between the lanes of the quad with four
-// shuffles per (block, row half). V8^T stays in its natural key order.
+// Lane q of a quad holds keys 8 j' + 2 q + {0, 1} (j' = 0..3) of each 32-key block, not the
+// operand's 4 q + {0..3} and 16 + 4 q + {0..3}. V8^T is written in the matching key order
+// (NVTE_EXACT_FP8_KEYS_SM90_PV: a 16-key group's column 4 q + i holds its key
+// (2 q, 2 q + 1, 8 + 2 q, 9 + 2 q)[i]), so each thread packs its own values, in register order:
+// no shuffles. The sum over the keys of P.V is the same sum, term for term.
 template <class FragS, class FragA>
 CUTLASS_DEVICE void p_to_fp8_operand(FragS const &p, FragA &a) {
   static_assert(decltype(size(p))::value == 64 && decltype(size(a))::value == 64, "P fragments");
   uint32_t *words = reinterpret_cast<uint32_t *>(raw_pointer_cast(a.data()));
-  const int lane = threadIdx.x & 31;
-  const int q = lane & 3;
-  const int src0 = (lane & ~3) | ((2 * q) & 3);
-  const int src1 = (lane & ~3) | ((2 * q + 1) & 3);
-  const uint32_t select = (q >> 1) ? 0x7632u : 0x5410u;  // high or low key pair of the words
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t pair[4];
+      uint32_t pair[4];  // keys 8 j' + 2 q + {0, 1} of block kb, row half h
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int v = 2 * h + 4 * (4 * kb + jj);
         pair[jj] = __nv_cvt_float2_to_fp8x2(make_float2(p(v), p(v + 1)), __NV_SATFINITE, __NV_E4M3);
       }
-      const uint32_t lo = pair[0] | (pair[1] << 16);  // key pairs j' = 0, 1
-      const uint32_t hi = pair[2] | (pair[3] << 16);  // key pairs j' = 2, 3
-      const uint32_t x0 = __shfl_sync(0xffffffff, lo, src0);
-      const uint32_t x1 = __shfl_sync(0xffffffff, lo, src1);
-      const uint32_t y0 = __shfl_sync(0xffffffff, hi, src0);
-      const uint32_t y1 = __shfl_sync(0xffffffff, hi, src1);
-      words[4 * kb + h] = __byte_perm(x0, x1, select);
-      words[4 * kb + 2 + h] = __byte_perm(y0, y1, select);
+      words[4 * kb + h] = pair[0] | (pair[1] << 16);      // the block's first 16-key group
+      words[4 * kb + 2 + h] = pair[2] | (pair[3] << 16);  // its second
     }
   }
 }

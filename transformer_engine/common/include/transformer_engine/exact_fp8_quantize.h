@@ -73,7 +73,20 @@ typedef struct {
  *   data_t_stride. Sequence n's token j then goes to column columns[n] + j, so that every
  *   sequence starts on a 16-byte boundary; the columns after each sequence up to the next
  *   multiple of 16, and those from columns[num_seqs] on, are set to 0.
+ *
+ * key_order (current-scaling transposed output only; MXFP8 takes NVTE_EXACT_FP8_KEYS_NATURAL):
+ *   NVTE_EXACT_FP8_KEYS_NATURAL puts a sequence's token j in its column j (as above);
+ *   NVTE_EXACT_FP8_KEYS_SM90_PV permutes the tokens inside every complete group of 16 (tokens
+ *   16 g .. 16 g + 15 of a sequence, all real): the group's column 16 g + i holds its token
+ *   16 g + (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)[i], the order in which the sm90
+ *   attention kernel's threads hold P's keys (docs/attention_kernel_sm90.md, "P in registers").
+ *   An incomplete last group stays in natural order. Same bytes, other columns.
  */
+typedef enum {
+  NVTE_EXACT_FP8_KEYS_NATURAL = 0,
+  NVTE_EXACT_FP8_KEYS_SM90_PV = 1
+} NVTEExactFP8KeyOrder;
+
 typedef struct {
   const int32_t *cu_seqlens;
   const int32_t *cu_chunks;
@@ -81,6 +94,7 @@ typedef struct {
   int64_t num_chunks;
   int32_t chunk;
   const int32_t *columns;
+  int32_t key_order; /* NVTEExactFP8KeyOrder */
 } NVTEExactFP8Chunks;
 
 /*

@@ -26,11 +26,13 @@ import torch.nn.functional as F
 from .formats import MX_BLOCK, V_CHUNK_CURRENT
 from .masks import QKV_FORMATS, SeqLayout, to_tokens
 from .vt_layout import (
+    KEY_ORDERS,
     aligned_column_starts,
     aligned_column_starts_list,
     aligned_width_bound,
     dense_column_starts,
     dense_offsets,
+    key_order_columns,
 )
 
 try:
@@ -452,9 +454,12 @@ def _chunked_cast_transposed(
     aligned_columns,
     sync_free,
     offsets,
+    key_order,
     **scale_kw,
 ):
     """Common body of the two V casts; `current` picks the current (else the MXFP8) rule."""
+    if key_order not in KEY_ORDERS:
+        raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     geo = _geometry(v, qkv_format, "v")
     (_check_current_head_dim if current else _check_mx_head_dim)(geo.head_dim, "v")
     if chunk not in CHUNK_SIZES:
@@ -481,6 +486,7 @@ def _chunked_cast_transposed(
             num_chunks=num_chunks,
             chunk=chunk,
             columns=0 if device_columns is None else device_columns.data_ptr(),
+            key_order=_ext.KEYS_SM90_PV if key_order == "sm90_pv" else _ext.KEYS_NATURAL,
         )
         if current:
             kernel = _ext.per_chunk_cast_transposed
@@ -492,7 +498,17 @@ def _chunked_cast_transposed(
         return data_t, scales, cu_chunks
     layout = seqs.layout or _sequences(v, geo, qkv_format, cu_seqlens, False).layout
     return _reference_chunked_cast(
-        v, qkv_format, layout, geo, chunk, aligned_columns, width, num_chunks, current, **scale_kw
+        v,
+        qkv_format,
+        layout,
+        geo,
+        chunk,
+        aligned_columns,
+        width,
+        num_chunks,
+        current,
+        key_order,
+        **scale_kw,
     )
 
 
@@ -505,7 +521,7 @@ def _scale_shape(geo: _Geometry, num_chunks: int, current: bool) -> Tuple[int, .
 
 
 def _reference_chunked_cast(
-    v, qkv_format, layout, geo, chunk, aligned, width, num_chunks, current, **scale_kw
+    v, qkv_format, layout, geo, chunk, aligned, width, num_chunks, current, key_order, **scale_kw
 ):
     """The reference's outputs in the CUDA path's shapes (num_chunks and width: bounds or the
     exact sizes; the bound's extra scale rows are 1 for current scaling, code 127 for MXFP8)."""
@@ -520,7 +536,8 @@ def _reference_chunked_cast(
         )
     data_t = torch.zeros(geo.heads, geo.head_dim, width, dtype=_FP8)  # [h, d, width]
     for start, span, column in zip(layout.starts, layout.spans, _output_columns(layout, aligned)):
-        data_t[:, :, column : column + span] = data[start : start + span].permute(1, 2, 0)
+        tokens = start + key_order_columns(span, key_order)
+        data_t[:, :, column : column + span] = data[tokens].permute(1, 2, 0)
     unit = 1.0 if current else 127  # scale_inv 1 / E8M0 code of 2^0
     pad_rows = scales.new_full((num_chunks - scales.shape[0], *scales.shape[1:]), unit)
     # [h, num_chunks] (current) or [h, num_chunks, d] (MXFP8)
@@ -543,6 +560,7 @@ def per_chunk_cast_to_fp8_transposed(
     aligned_columns: bool = False,
     sync_free: bool = False,
     offsets: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None,
+    key_order: str = "natural",
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """E4M3 with ONE current scale per (kv-head, chunk of `chunk` tokens): V, transposed.
@@ -569,6 +587,9 @@ def per_chunk_cast_to_fp8_transposed(
     offsets (thd, CUDA kernels): what sequence_offsets(cu_seqlens, chunk,
     aligned_columns=aligned_columns) returned, for a caller that needs them too (the attention
     launcher reads the columns); used as given, not checked.
+    key_order: vt_layout.KEY_ORDERS; "sm90_pv" permutes the tokens inside each complete 16-token
+    group of a sequence for the sm90 CUDA kernel (vt_layout.SM90_PV_KEY_ORDER). Same bytes,
+    other columns.
     """
     return _chunked_cast_transposed(
         v,
@@ -580,6 +601,7 @@ def per_chunk_cast_to_fp8_transposed(
         aligned_columns,
         sync_free,
         offsets,
+        key_order,
         use_power_2_scales=bool(use_power_2_scales),
         amax_epsilon=float(amax_epsilon),
     )
@@ -605,5 +627,14 @@ def per_chunk_cast_to_mxfp8_columnwise_transposed(
     scaling]. aligned_columns, sync_free, offsets: as for per_chunk_cast_to_fp8_transposed.
     """
     return _chunked_cast_transposed(
-        v, qkv_format, cu_seqlens, MX_BLOCK, backend, False, aligned_columns, sync_free, offsets
+        v,
+        qkv_format,
+        cu_seqlens,
+        MX_BLOCK,
+        backend,
+        False,
+        aligned_columns,
+        sync_free,
+        offsets,
+        "natural",
     )

@@ -9,6 +9,12 @@ not read its offsets back), the quantizer writes the aligned layout instead
 each span rounded up to a multiple of ALIGN_COLUMNS, the columns between them 0 (for a thd pack
 whose starts are on the 16-grid, the plain layout's columns). Values and scales are the same:
 this decides nothing about the quantization.
+
+Key order (KEY_ORDERS): "natural" puts a sequence's token j in its column j; "sm90_pv", for the
+sm90 CUDA kernel, permutes the tokens inside every complete 16-token group of a sequence so that
+the group's column i holds its token SM90_PV_KEY_ORDER[i], the order in which that kernel's
+threads hold P's keys (docs/attention_kernel_sm90.md, "P in registers"); an incomplete last
+group stays in natural order. Also a layout only: the same bytes in other columns.
 """
 
 import functools
@@ -19,10 +25,29 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGN_COLUMNS", "aligned_column_starts", "aligned_column_starts_list",
-    "aligned_width_bound", "dense_column_starts", "dense_offsets",
+    "aligned_width_bound", "dense_column_starts", "dense_offsets", "KEY_ORDERS",
+    "SM90_PV_KEY_ORDER", "key_order_columns",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
+KEY_ORDERS = ("natural", "sm90_pv")
+# Column i of a complete 16-token group holds token SM90_PV_KEY_ORDER[i] of the group: lane q
+# of a quad holds keys 2 q, 2 q + 1, 8 + 2 q, 9 + 2 q of the group in the kernel's P fragment.
+SM90_PV_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+
+
+def key_order_columns(span: int, key_order: str) -> torch.Tensor:
+    """[span] int64: the token (0 .. span - 1 of one sequence) that each of the sequence's
+    columns holds in `key_order`; the identity for "natural"."""
+    if key_order not in KEY_ORDERS:
+        raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
+    tokens = torch.arange(span)
+    if key_order == "sm90_pv":
+        complete = span // ALIGN_COLUMNS * ALIGN_COLUMNS
+        order = torch.tensor(SM90_PV_KEY_ORDER)
+        groups = tokens[:complete].view(-1, ALIGN_COLUMNS)
+        tokens[:complete] = (groups[:, :1] + order).reshape(-1)
+    return tokens
 
 
 def _round_up(x):

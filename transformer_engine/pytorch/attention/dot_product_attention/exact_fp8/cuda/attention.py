@@ -164,8 +164,9 @@ def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
     q8, q_scale = _query_fp8(q, q_fp8, cast)
     k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
     aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n's first column on the 16-grid
+    # The kernel's P fragment holds its keys in SM90_PV_KEY_ORDER (softmax.h, p_to_fp8_operand).
     v8t, v_scale, cu_chunks = quantize.per_chunk_cast_to_fp8_transposed(
-        v, chunk=V_CHUNK_CURRENT, aligned_columns=aligned, **cast
+        v, chunk=V_CHUNK_CURRENT, aligned_columns=aligned, key_order="sm90_pv", **cast
     )
     cu_vt = dense_column_starts(batch, s_kv, v.device, aligned)
     return Operands(q8, q_scale, k8, k_scale.contiguous(), v8t, v_scale.contiguous(), cu_chunks,
