@@ -50,8 +50,10 @@ CUTLASS_DEVICE void pass_turn(int c) {
   cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + (1 - c));
 }
 
-// Every consumer warp arrives once: the stage's buffer may be refilled.
+// Every consumer warp arrives once: the stage's buffer may be refilled (the warp's earlier
+// shared-memory reads of it ordered before lane 0's arrive, which releases them).
 CUTLASS_DEVICE void release(uint64_t *bar) {
+  __syncwarp();
   if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(bar);
 }
 
@@ -105,17 +107,20 @@ struct Consumer {
             mma_thread);
       }
     };
-    // S(visit) ready in tSrS -> scores -> online softmax -> P(visit) in tSrS (the K stage is
-    // released on the way); returns the tile's V scale (1 for a boundary tile). The tile kind
+    // S(visit) ready in tSrS (the K stage is released: its K8 was read by the WGMMA, its
+    // scales are in registers) -> scores -> online softmax -> P(visit) in tSrS. The tile kind
     // is a compile-time constant: the element-wise mask exists only in the boundary variant.
-    auto softmax_step = [&](int visit, auto boundary, float (&alpha)[2]) {
+    auto softmax_step = [&](int visit, auto boundary, ScoreScales::KeyScales const &k_scales,
+                            float (&alpha)[2]) {
       constexpr bool kBoundary = decltype(boundary)::value;
-      const int stage = visit % kStages;
-      scales.apply<kBoundary>(tSrS, tScS, ss.k_scale[stage], range.tile(visit));
-      const float s_kt = kBoundary ? 1.0f : ss.v_scale[stage];
-      release(&ss.bar_k_empty[stage]);  // K8 and its scales are consumed
+      release(&ss.bar_k_empty[visit % kStages]);
+      scales.apply<kBoundary>(tSrS, tScS, k_scales, range.tile(visit));
       softmax.step(tSrS, scales.row_scale, alpha);
-      return s_kt;
+    };
+    // The stage's K scales and V scale (1 for a boundary tile), read once its K has arrived.
+    auto tile_scales = [&](int stage, bool boundary, ScoreScales::KeyScales &k_scales) {
+      ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
+      return boundary ? 1.0f : ss.v_scale[stage];
     };
     auto p_to_operand = [&](auto boundary) {
       if constexpr (decltype(boundary)::value) {
@@ -135,19 +140,23 @@ struct Consumer {
     // Visit 0: S(0) alone.
     auto first_visit = [&](auto boundary) {
       Barrier::wait(&ss.bar_k_full[0], 0);
+      ScoreScales::KeyScales k_scales;
+      u = tile_scales(0, decltype(boundary)::value, k_scales);  // O is 0: only its unit is set
       wait_turn(c);
       issue_scores_gemm(mma_qk, tSrQ, ss.k[0], tSrS, mma_thread);
       pass_turn(c);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
-      u = softmax_step(0, boundary, alpha);  // O is 0: only its unit is set
+      softmax_step(0, boundary, k_scales, alpha);
       p_to_operand(boundary);
     };
     // Visit v >= 1: S(v) and P.V(v-1) issued in one turn, softmax(v) while P.V(v-1) runs.
     auto visit_step = [&](int visit, auto boundary, bool fp8_prev) {
       const int stage = visit % kStages, stage_prev = (visit - 1) % kStages;
       Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
+      ScoreScales::KeyScales k_scales;
+      const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
       wait_turn(c);
       issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
       Barrier::wait(&ss.bar_v_full[stage_prev], ((visit - 1) / kStages) & 1);
@@ -156,7 +165,7 @@ struct Consumer {
       warpgroup_wait<1>();  // S(v) is ready; P(v-1) . V(v-1) may still run
       warpgroup_fence_operand(tSrS);
       float alpha[2];
-      const float s_kt = softmax_step(visit, boundary, alpha);
+      softmax_step(visit, boundary, k_scales, alpha);
       warpgroup_wait<0>();  // P(v-1) . V(v-1) is done: its operands and O are free
       warpgroup_fence_operand(tOrO);
       release(&ss.bar_v_empty[stage_prev]);

@@ -69,15 +69,28 @@ struct ScoreScales {
     }
   }
 
+  // The K scales of the thread's 32 keys of a tile (keys 8 j + 2 q + {0, 1}, j = 0..15), from
+  // k_scale: [128] fp32 in shared memory (0 past s_kv). Loaded before the scores are waited
+  // for, so that the shared-memory latency hides behind the Q.K^T WGMMA.
+  struct KeyScales {
+    float2 pair[16];
+  };
+  template <class CoordS>
+  CUTLASS_DEVICE static void load(KeyScales &ks, CoordS const &tScS, float const *k_scale) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      ks.pair[j] = *reinterpret_cast<float2 const *>(k_scale + get<1>(tScS(4 * j)));
+    }
+  }
+
   // tSrS: the raw scores of KV tile kt -> t, with the element-wise mask if kBoundary.
-  // k_scale: [128] fp32 in shared memory, the tile's K scales (0 past s_kv).
   template <bool kBoundary, class FragS, class CoordS>
-  CUTLASS_DEVICE void apply(FragS &tSrS, CoordS const &tScS, float const *k_scale,
+  CUTLASS_DEVICE void apply(FragS &tSrS, CoordS const &tScS, KeyScales const &k_scales,
                             int kt) const {
     const int key0 = kt * kKVTile;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {  // values 4 j + {0, 1} (row h = 0) and + {2, 3} (h = 1)
-      const float2 ks = *reinterpret_cast<float2 const *>(k_scale + get<1>(tScS(4 * j)));
+      const float2 ks = k_scales.pair[j];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int v = 4 * j + i, h = i >> 1;
@@ -111,9 +124,23 @@ struct OnlineSoftmax {
   template <class Frag>
   CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2]) {
     static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
-    float t_max[2] = {-INFINITY, -INFINITY};
+    // Four partial maxima per row: short dependency chains (max is exact in any order).
+    float part[2][4];
 #pragma unroll
-    for (int v = 0; v < 64; ++v) t_max[(v >> 1) & 1] = fmaxf(t_max[(v >> 1) & 1], t(v));
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[h][i] = -INFINITY;
+    }
+#pragma unroll
+    for (int v = 0; v < 64; ++v) {
+      const int h = (v >> 1) & 1;
+      part[h][(v >> 2) & 3] = fmaxf(part[h][(v >> 2) & 3], t(v));
+    }
+    float t_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      t_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+    }
     float bias[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
