@@ -26,9 +26,11 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda i
 )
 
 HEAD_DIM = 128
-# (b, h, h_kv, s, mask): unaligned lengths, a partial last tile, GQA, a one-tile sequence
+# (b, h, h_kv, s, mask): unaligned lengths, a partial last tile, GQA, a one-tile sequence, and
+# more query tiles than an H100/H200 has SMs (more than one wave of CTAs)
 SMALL = [(2, 4, 4, 300, "causal"), (2, 4, 2, 257, "no_mask"), (1, 8, 1, 130, "causal"),
-         (3, 2, 2, 128, "no_mask"), (1, 2, 2, 1, "causal")]  # fmt: skip
+         (3, 2, 2, 128, "no_mask"), (1, 2, 2, 1, "causal"), (2, 16, 4, 520, "causal"),
+         (2, 16, 4, 520, "no_mask")]  # fmt: skip
 
 
 def _inputs(b, h, h_kv, s, seed=0):

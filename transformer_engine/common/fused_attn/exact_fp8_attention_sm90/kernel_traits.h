@@ -40,6 +40,12 @@ constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgr
 constexpr int kProducerRegisters = 24;                  // setmaxnreg of the producer warpgroup
 constexpr int kConsumerRegisters = 240;                 // setmaxnreg of a consumer warpgroup
 constexpr int kConsumerWarps = kMmaThreads / 32;        // arrivals that release a stage
+// setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
+// 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
+// new counts must fit it, or the consumers' allocation waits forever.
+static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
+                  (65536 / kThreads) / 8 * 8 * kThreads,
+              "setmaxnreg: producer + consumer registers exceed the CTA's launch allocation");
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 
