@@ -7,8 +7,9 @@
 # 1. build: the extension into build/exact_fp8_sm90/lib (tools/gpu_sm90_check.sh's build);
 # 2. profile: Nsight Compute on one launch of the kernel at b = 2, h = 16, s = 8k, causal
 #    (benchmarks/attention/profile_sm90.py; clocks left alone), the full section set with
-#    per-instruction samples: $OUT/sm90_8k.ncu-rep, the details page ($OUT/ncu_details.txt)
-#    and the SASS with its stall samples ($OUT/ncu_source.csv);
+#    per-instruction samples: $OUT/sm90_8k.ncu-rep, the details page ($OUT/ncu_details.txt),
+#    the SASS with its stall samples ($OUT/ncu_source.csv) and their summary
+#    (benchmarks/attention/ncu_summary.py: $OUT/ncu_summary.md);
 # 3. sanitize: compute-sanitizer memcheck, racecheck and synccheck over the small shapes of
 #    profile_sm90.py --small ($OUT/sanitizer_*.txt).
 # STEPS (default "build profile sanitize") selects steps. A short summary is printed last.
@@ -46,6 +47,12 @@ if has_step profile; then
       > "$OUT/ncu_source.csv" 2>&1
     grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Registers Per|Achieved Occupancy" \
       "$OUT/ncu_details.txt" | head -n 20 | tee -a "$SUMMARY"
+    # per consumer warp and KV tile visited (causal: b h n (n + 1) / 2 visits, n query tiles)
+    per=$(python3 -c "b, h, _, s = map(int, '$SHAPE'.split(',')); n = -(-s // 128); \
+print(8 * b * h * n * (n + 1) // 2)")
+    python3 benchmarks/attention/ncu_summary.py "$OUT/ncu_source.csv" --per "$per" \
+      > "$OUT/ncu_summary.md" 2>&1
+    note "stall reasons and instructions per consumer warp and KV tile: $OUT/ncu_summary.md"
   fi
 fi
 
