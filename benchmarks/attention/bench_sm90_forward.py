@@ -7,6 +7,8 @@ h = 64, h_kv = 8 at s = 8k, 16k. Entries:
   "cuda"          the CUDA backend's forward, Q/K/V quantization included
   "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
   "quantize"      the CUDA backend's Q, K and V quantization alone (what "cuda" adds)
+  "kernel all-fp8" the kernel's LEAKY variant alone (fp8_v_everywhere: E4M3 P and V8^T on the
+                  boundary tiles too): "cuda kernel" over it, minus 1, is the exactness cost
   "triton"        the Triton backend's forward (K/V quantization included; Q cast in-kernel)
   "sdpa flash", "sdpa cudnn"  torch's BF16 scaled_dot_product_attention backends
   "te fork", "te bf16", "te delayed"  TE's DotProductAttention (eval, no grad) under
@@ -52,7 +54,8 @@ HEAD_DIM = 128
 # (b, h, h_kv, s)
 SHAPES = [(2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8192),
           (1, 64, 8, 16384)]  # fmt: skip
-ENTRIES = ("cuda", "cuda kernel", "quantize", "triton", "sdpa flash", "sdpa cudnn", "te fork")
+ENTRIES = ("cuda", "cuda kernel", "kernel all-fp8", "quantize", "triton", "sdpa flash")
+ENTRIES += ("sdpa cudnn", "te fork")
 ENTRIES += ("te bf16", "te delayed")
 
 
@@ -64,6 +67,7 @@ def _entries(q, k, v):
     entries = {
         "cuda": lambda: kernels.attention_forward(q, k, v, backend="cuda", **kw),
         "cuda kernel": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5),
+        "kernel all-fp8": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5, True),
         "quantize": lambda: cuda_attention.quantize_operands(q, k, v, qkv_format="bshd"),
     }
     if kernels.backend_available("triton"):
@@ -150,8 +154,8 @@ def markdown(results, rounds) -> str:
         f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
         f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds)",
         "",
-        "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa |",
-        "|---|" + "---|" * (len(entries) + 1),
+        "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa | exactness cost |",
+        "|---|" + "---|" * (len(entries) + 2),
     ]
     for shape in SHAPES:
         cells = []
@@ -162,8 +166,14 @@ def markdown(results, rounds) -> str:
                 if (shape, n) in results]  # fmt: skip
         cuda = results.get((shape, "cuda"))
         ratio = f"{min(sdpa) / cuda['ms']:.2f}x" if sdpa and cuda else "-"
+        kernel, all_fp8 = results.get((shape, "cuda kernel")), results.get(
+            (shape, "kernel all-fp8")
+        )
+        cost = f"{kernel['ms'] / all_fp8['ms'] - 1:+.1%}" if kernel and all_fp8 else "-"
         b, h, h_kv, s = shape
-        lines.append(f"| {b}, {h}, {h_kv}, {s // 1024}k | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append(
+            f"| {b}, {h}, {h_kv}, {s // 1024}k | " + " | ".join(cells) + f" | {ratio} | {cost} |"
+        )
     return "\n".join(lines) + "\n"
 
 

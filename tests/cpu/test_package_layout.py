@@ -129,13 +129,23 @@ def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):
         kernels.attention_forward(None, None, None, backend="cudnn")
 
 
+def test_auto_choice_keeps_the_leaky_mode_on_the_triton_kernel(monkeypatch):
+    """fp8_v_everywhere (the leaky benchmark / negative-control mode) runs the CUDA kernel's
+    variant only when the CUDA backend is asked for; the automatic choice keeps it on Triton."""
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(kernels, "select_backend", lambda forced=None: "cuda")
+    x = torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16)
+    kw = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal", fp8_v_everywhere=True)
+    assert kernels._choose(x, x, x, kw) == ("triton", False)
+
+
 @pytest.mark.parametrize(
     "change,match",
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
         (dict(qkv_format="thd"), "qkv_format 'thd'"),
         (dict(attn_mask_type="padding"), "attn_mask_type 'padding'"),
-        (dict(fp8_v_everywhere=True), "fp8_v_everywhere"),
+        (dict(window_size=(64, 0)), "window_size \\(64, 0\\)"),
     ],
 )
 def test_cuda_backend_refuses_what_it_does_not_run(change, match):

@@ -113,6 +113,36 @@ def test_causal_future_changes_no_prefix_bit(t, which, value):
     assert torch.equal(lse[:, lse_rows], base_lse[:, lse_rows])
 
 
+@pytest.mark.parametrize("t", [0, 100, 200, 300, 500])
+@pytest.mark.parametrize("value", [6e4, BF16_MAX])
+def test_negative_control_the_leaky_variant_is_caught(t, value):
+    """The negative control of the invariance tests, with a leaky rule: fp8_v_everywhere=True
+    (E4M3 P and V8^T with its chunk scale on the diagonal tile too) lets large V values after t,
+    inside t's own 128-key tile, change rows <= t; the mask-exact kernel on the same inputs
+    changes none of their bits."""
+    q, k, v = _inputs(10, 1, 512, 512, 2, 2, outliers=False)
+    v2 = _future(v, t, value)
+    exact, exact2 = (_cuda(q, k, x, "causal")[0] for x in (v, v2))
+    assert torch.equal(exact2[:, : t + 1], exact[:, : t + 1])
+    leaky, leaky2 = (_cuda(q, k, x, "causal", fp8_v_everywhere=True)[0] for x in (v, v2))
+    assert not torch.equal(leaky2[:, : t + 1], leaky[:, : t + 1]), "the leak was not caught"
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_leaky_variant_computes_attention(mask):
+    """fp8_v_everywhere=True is still attention: it differs from the mask-exact kernel on the
+    boundary tiles only, by E4M3 P and V there, i.e. by at most the rules' own FP8 error on
+    those tiles' share of the output (3.4e-2 to 5e-2 relative on N(0, 1) inputs, and rows of the
+    first query tile see boundary tiles only): bound 1e-1, where a wrong tile is off by O(1)."""
+    q, k, v = _inputs(11, 2, 384, 384, 4, 2, outliers=False)
+    exact, lse = _cuda(q, k, v, mask)
+    leaky, lse_leaky = _cuda(q, k, v, mask, fp8_v_everywhere=True)
+    assert rel_frobenius_error(leaky.float(), exact.float()) <= 1e-1
+    assert torch.equal(lse_leaky, lse)  # the scores and the softmax do not involve V
+    with pytest.raises(ValueError, match="s_kv not a multiple of 128"):
+        _cuda(q[:, :300], k[:, :300], v[:, :300], mask, fp8_v_everywhere=True)
+
+
 @pytest.mark.parametrize("t", [100, 300])
 def test_control_a_visible_change_is_seen(t):
     """The negative control of the invariance tests: changing V at a position <= t (visible to
@@ -249,7 +279,6 @@ def test_no_keys_gives_zero_and_minus_inf():
         (dict(attn_mask_type="padding_causal"), "attn_mask_type 'padding_causal'"),
         (dict(attn_mask_type="causal_bottom_right"), "attn_mask_type 'causal_bottom_right'"),
         (dict(window_size=(64, 0)), r"window_size \(64, 0\)"),
-        (dict(fp8_v_everywhere=True), "fp8_v_everywhere"),
         (dict(qkv_format="sbhd"), "qkv_format 'sbhd'"),
     ],
 )

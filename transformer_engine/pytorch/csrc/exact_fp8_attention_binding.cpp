@@ -28,7 +28,7 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
          int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
-         float softmax_scale, uintptr_t stream) {
+         float softmax_scale, bool fp8_v_everywhere, uintptr_t stream) {
         NVTEExactFP8AttentionSm90Args a{};
         a.q8 = reinterpret_cast<const void *>(q8);
         a.q_scale = reinterpret_cast<const float *>(q_scale);
@@ -51,6 +51,7 @@ void register_exact_fp8_attention(py::module_ &m) {
         a.num_chunks = num_chunks;
         a.causal = causal ? 1 : 0;
         a.softmax_scale = softmax_scale;
+        a.fp8_v_everywhere = fp8_v_everywhere ? 1 : 0;
         const NVTEExactFP8Status status =
             nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream));
         if (status == NVTE_EXACT_FP8_SUCCESS) return;
@@ -62,9 +63,11 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("v_scale"), py::arg("cu_chunks"), py::arg("cu_vt"), py::arg("v"), py::arg("out"),
       py::arg("lse"), py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_kv"),
       py::arg("heads"), py::arg("heads_kv"), py::arg("head_dim"), py::arg("vt_width"),
-      py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"), py::arg("stream"),
+      py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"),
+      py::arg("fp8_v_everywhere"), py::arg("stream"),
       "Mask-exact FP8 attention forward on sm_90a (bshd, d = 128, bf16, current scaling): "
-      "out [b, s_q, h, d] bf16, lse [h, b * s_q] fp32. See exact_fp8_attention_sm90.h.");
+      "out [b, s_q, h, d] bf16, lse [h, b * s_q] fp32; fp8_v_everywhere: the LEAKY benchmark "
+      "and negative-control mode. See exact_fp8_attention_sm90.h.");
 #else
   (void)m;
 #endif

@@ -31,6 +31,13 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
   if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.fp8_v_everywhere != 0 && a.fp8_v_everywhere != 1) return "fp8_v_everywhere must be 0 or 1";
+  // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
+  // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles only.
+  if (a.fp8_v_everywhere && a.seqlen_kv % kKVTile != 0) {
+    return "fp8_v_everywhere needs seqlen_kv a multiple of 128, got " +
+           std::to_string(a.seqlen_kv);
+  }
   if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
   const int64_t limit = INT32_MAX;
   if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > limit ||
@@ -106,11 +113,13 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, KernelTraits::SmemLayoutV16{});
 
   const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // The mask-exact kernel, or the leaky benchmark / negative-control variant (kernel.h).
+  auto kernel = a.fp8_v_everywhere ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid(b * h, p.num_q_tiles);
-  attention_fwd_kernel<<<grid, kThreads, smem, stream>>>(kp);
+  kernel<<<grid, kThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   return NVTE_EXACT_FP8_SUCCESS;

@@ -97,6 +97,9 @@ struct Producer {
   int kv_head;
   int vt_col0;  // V8^T column of the sample's first key (cu_vt[b])
 
+  // kFp8VEverywhere: the LEAKY benchmark / negative-control mode (V8^T and its chunk scale for
+  // the boundary tiles too, see kernel.h); false: the mask-exact rules.
+  template <bool kFp8VEverywhere>
   CUTLASS_DEVICE void run(int head, int q_tile, KVTileRange const &range) {
     const int lane = threadIdx.x & 31;
     const int64_t t_kv = static_cast<int64_t>(kp.p.batch) * kp.p.seqlen_kv;
@@ -117,14 +120,15 @@ struct Producer {
       if (round > 0) Barrier::wait(&ss.bar_k_empty[stage], (round - 1) & 1);
       if (lane == 0) load_k(stage, kt);
       *reinterpret_cast<float4 *>(&ss.k_scale[stage][4 * lane]) = scales;
-      if (lane == 0) ss.v_scale[stage] = kt < range.num_fp8 ? chunk_scale : 1.0f;
+      const bool fp8_v = kFp8VEverywhere || kt < range.num_fp8;
+      if (lane == 0) ss.v_scale[stage] = fp8_v ? chunk_scale : 1.0f;
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_k_full[stage]);  // release: the stores above
       if (visit + 1 < range.num_tiles) {
         scales = load_k_scales(k_scale, range.tile(visit + 1), lane);
         chunk_scale = v_scale[range.tile(visit + 1)];  // read, used only for an FP8 tile
       }
       if (round > 0) Barrier::wait(&ss.bar_v_empty[stage], (round - 1) & 1);
-      if (lane == 0) load_v(stage, kt, kt < range.num_fp8);
+      if (lane == 0) load_v(stage, kt, fp8_v);
     }
   }
 

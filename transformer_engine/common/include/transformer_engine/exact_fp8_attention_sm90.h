@@ -52,6 +52,10 @@ typedef struct {
   int64_t num_chunks; /* columns of v_scale */
   int32_t causal;     /* 1: causal (top-left), 0: no mask */
   float softmax_scale;
+  int32_t fp8_v_everywhere; /* 0: the mask-exact rules. 1: LEAKY, for benchmarks and negative
+                               controls only: boundary tiles keep their element-wise mask but
+                               use E4M3 P and V8^T with its chunk scale, which hidden keys
+                               enter; seqlen_kv must be a multiple of 128 */
 } NVTEExactFP8AttentionSm90Args;
 
 /* Whether this library was built with the sm_90a kernel (1) or without it (0). */

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .. import quantize
-from ..formats import V_CHUNK_CURRENT, check_recipe
+from ..formats import KV_TILE, V_CHUNK_CURRENT, check_recipe
 from ..kernels import device_capability
 from ..masks import QKV_FORMATS, check_mask_type
 from ..vt_layout import ALIGN_COLUMNS, dense_column_starts
@@ -98,10 +98,14 @@ def forward_supported(
     q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0), bf16, d = 128; out: q's shape,
     bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
     key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3, scale_inv [h, b * s_q] fp32).
-    The recipe, format, mask, window, cu_seqlens (None), max_seqlen_q / max_seqlen_kv and
-    fp8_v_everywhere (False) are taken for the common signature; the checks have read them.
+    fp8_v_everywhere=True is the LEAKY lower bound of the Triton kernel's signature, for
+    benchmarks and negative controls only: boundary tiles keep their element-wise mask but use
+    E4M3 P and V8^T with its chunk scale, so hidden keys of a boundary tile change visible rows
+    (s_kv a multiple of 128).
+    The recipe, format, mask, window, cu_seqlens (None) and max_seqlen_q / max_seqlen_kv are
+    taken for the common signature; the checks have read them.
     """
-    del recipe, qkv_format, window_size, max_seqlen_q, max_seqlen_kv, fp8_v_everywhere
+    del recipe, qkv_format, window_size, max_seqlen_q, max_seqlen_kv
     del cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     batch, s_q, heads, d = q.shape
     s_kv = k.shape[1]
@@ -115,7 +119,7 @@ def forward_supported(
         return out.zero_(), lse.fill_(float("-inf"))
     cast = dict(qkv_format="bshd", use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon)
     operands = quantize_operands(q, k, v, q_fp8, **cast)
-    launch(operands, out, lse, attn_mask_type == "causal", softmax_scale)
+    launch(operands, out, lse, attn_mask_type == "causal", softmax_scale, fp8_v_everywhere)
     return out, lse
 
 
@@ -134,10 +138,12 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
         return ValueError("recipe is required")
     if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
         return _unsupported("cu_seqlens (padding masks and thd)")
+    if kwargs.get("fp8_v_everywhere") and k.dim() == 4 and k.shape[1] % KV_TILE != 0:
+        # its V8^T keeps a ragged last 16-key group in natural order (vt_layout)
+        return _unsupported("fp8_v_everywhere (the leaky variant) with s_kv not a multiple of 128")
     try:
         _check(q, k, v, kwargs["recipe"], kwargs.get("qkv_format", "bshd"),
-               kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"),
-               kwargs.get("fp8_v_everywhere", False))  # fmt: skip
+               kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"))  # fmt: skip
     except ValueError as err:
         return err
     return None
@@ -173,8 +179,16 @@ def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
                     cu_vt, v.contiguous())  # fmt: skip
 
 
-def launch(ops: Operands, out: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale):
-    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q]."""
+def launch(
+    ops: Operands,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    softmax_scale,
+    fp8_v_everywhere: bool = False,
+):
+    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q].
+    fp8_v_everywhere: the LEAKY variant (benchmarks and negative controls only)."""
     batch, s_q, heads, d = out.shape
     s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
     # On out's device and torch's current stream there (the raw handle: no torch.cuda.Stream
@@ -185,7 +199,7 @@ def launch(ops: Operands, out: torch.Tensor, lse: torch.Tensor, causal: bool, so
         ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
         ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
-        bool(causal), float(softmax_scale),
+        bool(causal), float(softmax_scale), bool(fp8_v_everywhere),
     )  # fmt: skip
 
 
@@ -201,7 +215,7 @@ def _query_fp8(q, q_fp8, cast):
     return data, scale
 
 
-def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_everywhere):
+def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
     check_recipe(recipe)
     if qkv_format not in QKV_FORMATS:
         raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
@@ -214,8 +228,6 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size, fp8_v_every
         raise _unsupported(f"attn_mask_type {attn_mask_type!r}")
     if window_size is not None and tuple(window_size) not in _WINDOWS[attn_mask_type]:
         raise _unsupported(f"window_size {tuple(window_size)}")
-    if fp8_v_everywhere:
-        raise _unsupported("fp8_v_everywhere (the leaky benchmark mode)")
     if any(x.dim() != 4 for x in (q, k, v)):
         raise ValueError(f"bshd needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
     if any(x.dtype != torch.bfloat16 for x in (q, k, v)):
