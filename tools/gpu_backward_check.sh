@@ -32,21 +32,10 @@ SHARDS=("future_values and not leaky"
         "(padding or thd or batch) and not leaky"
         "leaky")
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+source "$ROOT/tools/gpu_common.sh"
+gpu_environment
 
-log "environment"
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-} 2>&1 | tee -a "$LOG"
-
-if has_step build && [ -f build_tools/cmake_build.py ]; then
-  log "build the quantization extension (sm_90)"
-  python3 -m build_tools.cmake_build --build-dir "$EXT_DIR/cmake" --install-dir "$EXT_DIR/lib" \
-    --arch 90 >> "$LOG" 2>&1 || log "WARNING: the extension did not build: Q/K/V use the torch fallback"
-fi
+build_quantize_extension "$EXT_DIR" "Q/K/V"
 
 tests_rc=0
 if has_step tests; then

@@ -26,23 +26,12 @@ TEST_FILE=tests/pytorch/attention/test_exact_fp8_context_parallel.py
 SHARDS=("matches_single_call or kv_fp8 or a2a or bytes or multi_gpu"
         "future_shards or other_samples or leaky")
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+source "$ROOT/tools/gpu_common.sh"
+gpu_environment
+{ python3 -c "import transformer_engine_exact_fp8" 2>/dev/null && echo "extension: built" \
+    || echo "extension: not built (K/V quantized by the torch fallback)"; } 2>&1 | tee -a "$LOG"
 
-log "environment"
-{
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
-  python3 -c "import transformer_engine_exact_fp8" 2>/dev/null && echo "extension: built" \
-    || echo "extension: not built (K/V quantized by the torch fallback)"
-} 2>&1 | tee -a "$LOG"
-
-if has_step build && [ -f build_tools/cmake_build.py ]; then
-  log "build the quantization extension (sm_90)"
-  python3 -m build_tools.cmake_build --build-dir "$EXT_DIR/cmake" --install-dir "$EXT_DIR/lib" \
-    --arch 90 >> "$LOG" 2>&1 || log "WARNING: the extension did not build: K/V use the torch fallback"
-fi
+build_quantize_extension "$EXT_DIR" "K/V"
 
 tests_rc=0
 if has_step tests; then

@@ -24,7 +24,7 @@ cd "$ROOT"
 export PYTHONUNBUFFERED=1
 EXT_LIB=$ROOT/build/exact_fp8_sm90/lib
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+source "$ROOT/tools/gpu_common.sh"
 
 log "environment"
 {

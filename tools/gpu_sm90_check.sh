@@ -34,8 +34,7 @@ if [ -z "${NVTE_FORK_ARTIFACTS_DIR:-}" ] && [ -d "$ROOT/build/artifacts" ]; then
 fi
 TEST_FILE=tests/pytorch/attention/test_exact_fp8_attention_sm90.py
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+source "$ROOT/tools/gpu_common.sh"
 rc=0
 fail() { log "FAILED: $*"; [ "$rc" -eq 0 ] && rc=1; }
 

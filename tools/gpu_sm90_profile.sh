@@ -21,8 +21,9 @@ SHAPE=${SHAPE:-2,16,16,8192}
 mkdir -p "$OUT"
 cd "$ROOT"
 export PYTHONPATH=$ROOT/build/exact_fp8_sm90/lib:$ROOT${PYTHONPATH:+:$PYTHONPATH}
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 SUMMARY=$OUT/profile_summary.txt
+LOG=$SUMMARY
+source "$ROOT/tools/gpu_common.sh"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | tail -n 1)

@@ -32,18 +32,11 @@ TESTS=tests/pytorch/attention/test_exact_fp8_quantize.py
 # small and edge cases of the current-scaling V cast (thd, aligned, short chunks, every head dim)
 SANITIZED="per_chunk_matches_reference and thd and dtype0 or sync_free or empty or strided"
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+source "$ROOT/tools/gpu_common.sh"
 rc=0
 fail() { log "FAILED: $*"; rc=1; }
 
-log "environment"
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-  nvcc --version | tail -n 1
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git log -1 --format='commit %h %s' 2>/dev/null
-} 2>&1 | tee -a "$LOG"
+gpu_environment
 
 if has_step build; then
   log "build (sm_90)"

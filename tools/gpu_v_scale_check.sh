@@ -30,8 +30,7 @@ export PYTHONPATH=$EXT_DIR/lib:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 SHARDS=("hidden_tokens" "bug_report or negative_control or decode or code_zero or fold or finite"
         "accuracy" "in_kernel or launch_config or layout or cuda_graph or unsupported")
 
-log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+source "$ROOT/tools/gpu_common.sh"
 
 rename_baseline() {  # the baseline copy's extension as transformer_engine_exact_fp8_v1
   grep -rlw transformer_engine_exact_fp8 --include=*.py --include=*.txt --include=*.cpp \
@@ -41,13 +40,7 @@ rename_baseline() {  # the baseline copy's extension as transformer_engine_exact
     "$BASELINE/transformer_engine/pytorch/csrc/exact_fp8_binding.cpp"
 }
 
-log "environment"
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-  nvcc --version | tail -n 1
-} 2>&1 | tee -a "$LOG"
+gpu_environment
 
 if has_step build; then
   log "build the extension (sm_90)${BASELINE:+, and the baseline}"
