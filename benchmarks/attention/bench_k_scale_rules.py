@@ -50,8 +50,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     upstream_current_cast_to_fp8,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
-    cosine_similarity,
-    rel_frobenius_error,
+    error_metrics,
 )
 
 HEAD_DIM = 128
@@ -134,15 +133,6 @@ def rule_operands(rule: str, q, k, v):
     return qd, k_chunk, k_chunk, vd
 
 
-def metrics(out, truth):
-    diff = out.double() - truth.double()
-    return {
-        "rmse": diff.pow(2).mean().sqrt().item(),
-        "rel_err": rel_frobenius_error(out, truth),
-        "cosine": cosine_similarity(out, truth),
-    }
-
-
 def study(seqlens):
     results = {}
     for family in FAMILIES:
@@ -153,7 +143,9 @@ def study(seqlens):
             entries = {}
             for rule in RULES:
                 qd, k_fp8_tiles, k_boundary, vd = rule_operands(rule, q, k, v)
-                entries[rule] = metrics(causal_rows(qd, k_fp8_tiles, k_boundary, vd, rows), truth)
+                entries[rule] = error_metrics(
+                    causal_rows(qd, k_fp8_tiles, k_boundary, vd, rows), truth
+                )
             results[f"{family} {s}"] = entries
     return results
 

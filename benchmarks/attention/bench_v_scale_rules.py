@@ -53,8 +53,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     dequantized_operands,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
-    cosine_similarity,
-    rel_frobenius_error,
+    error_metrics,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (  # noqa: E402,E501
     attention,
@@ -144,15 +143,6 @@ def _emulated(path, q, k, v, rows):
     return fp64_causal_rows(*(x.unsqueeze(0).to(q.device) for x in operands), rows)
 
 
-def _metrics(out, truth):
-    diff = out.double() - truth.double()
-    return {
-        "rmse": diff.pow(2).mean().sqrt().item(),
-        "rel_err": rel_frobenius_error(out, truth),
-        "cosine": cosine_similarity(out, truth),
-    }
-
-
 def accuracy(v1_attention):
     results = {}
     for family in FAMILIES:
@@ -176,7 +166,7 @@ def accuracy(v1_attention):
             if v1_attention is not None:
                 out = v1_attention.exact_fp8_attention_forward(q, k, v, recipe="current")[0]
                 entries[KERNEL_V1] = out[0, rows]
-            results[f"{family} {s}"] = {n: _metrics(o, truth) for n, o in entries.items()}
+            results[f"{family} {s}"] = {n: error_metrics(o, truth) for n, o in entries.items()}
             del q, k, v, truth, sdpa, entries
             torch.cuda.empty_cache()
     return results

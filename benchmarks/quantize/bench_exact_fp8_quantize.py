@@ -144,19 +144,27 @@ def run() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shape = f"- shape: b={BATCH}, s={SEQLEN}, h={HEADS}, d={HEAD_DIM}, bshd, bf16\n"
+    return report_main(
+        "Quantization kernels: achieved bandwidth", __doc__, run, "quantize_bandwidth.md", shape
+    )
+
+
+def report_main(title: str, doc: str, run_table, default_name: str, extra: str = "") -> int:
+    """A bandwidth benchmark's command line: --output (default benchmarks/results/<default_name>),
+    the GPU and extension check, then write_report of run_table()'s table."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument(
         "--output",
         type=Path,
-        default=ROOT / "benchmarks" / "results" / "quantize_bandwidth.md",
+        default=ROOT / "benchmarks" / "results" / default_name,
         help="markdown file the results are written to",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available() or not Q.extension_available():
         print("needs a CUDA GPU and the transformer_engine_exact_fp8 extension", file=sys.stderr)
         return 1
-    shape = f"- shape: b={BATCH}, s={SEQLEN}, h={HEADS}, d={HEAD_DIM}, bshd, bf16\n"
-    write_report("Quantization kernels: achieved bandwidth", __doc__, run(), args.output, shape)
+    write_report(title, doc, run_table(), args.output, extra)
     return 0
 
 

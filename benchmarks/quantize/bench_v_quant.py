@@ -14,7 +14,6 @@ replays; kernel time only. The target is >= 80% of the copy's bandwidth for the 
 kernel.
 """
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench_exact_fp8_quantize import _graph_seconds, write_report  # noqa: E402
+from bench_exact_fp8_quantize import _graph_seconds, report_main  # noqa: E402
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     quantize as Q,
 )
@@ -129,19 +128,9 @@ def run() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=ROOT / "benchmarks" / "results" / "v_quant_bandwidth.md",
-        help="markdown file the results are written to",
+    return report_main(
+        "V quantization: achieved bandwidth next to a copy", __doc__, run, "v_quant_bandwidth.md"
     )
-    args = parser.parse_args()
-    if not torch.cuda.is_available() or not Q.extension_available():
-        print("needs a CUDA GPU and the transformer_engine_exact_fp8 extension", file=sys.stderr)
-        return 1
-    write_report("V quantization: achieved bandwidth next to a copy", __doc__, run(), args.output)
-    return 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,17 @@ def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(out @ ref / (out.norm() * ref.norm()))
 
 
+def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """{"rmse", "rel_err" (relative Frobenius), "cosine"} of out against ref, in fp64: the
+    columns of the accuracy tables."""
+    diff = out.double() - ref.double()
+    return {
+        "rmse": diff.pow(2).mean().sqrt().item(),
+        "rel_err": rel_frobenius_error(out, ref),
+        "cosine": cosine_similarity(out, ref),
+    }
+
+
 def aligned_columns_reference(
     v8t: torch.Tensor, starts: List[int]
 ) -> Tuple[torch.Tensor, List[int]]:
