@@ -129,9 +129,10 @@ def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):
         kernels.attention_forward(None, None, None, backend="cudnn")
 
 
-def test_auto_choice_keeps_the_leaky_mode_on_the_triton_kernel(monkeypatch):
-    """fp8_v_everywhere (the leaky benchmark / negative-control mode) runs the CUDA kernel's
-    variant only when the CUDA backend is asked for; the automatic choice keeps it on Triton."""
+def test_auto_choice_sends_a_leaky_call_the_cuda_kernel_refuses_to_triton(monkeypatch):
+    """fp8_v_everywhere (the leaky benchmark / negative-control mode) is a call like any other
+    for the choice: the CUDA kernel's variant needs s_kv a multiple of 128, so a call with 16
+    keys runs the Triton kernel (checked before any device work, so also on a CPU machine)."""
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     monkeypatch.setattr(kernels, "select_backend", lambda forced=None: "cuda")
     x = torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16)

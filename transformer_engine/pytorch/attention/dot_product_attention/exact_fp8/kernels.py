@@ -109,12 +109,6 @@ def _choose(q, k, v, kwargs) -> Tuple[str, bool]:
     preferred = select_backend(forced)
     if preferred != "cuda" or forced == "cuda":
         return preferred, False
-    if kwargs.get("fp8_v_everywhere"):  # the leaky benchmark mode: backend="cuda" asks for it
-        _LOGGER.debug(
-            "Disabling the CUDA kernel of mask-exact FP8 attention: the leaky fp8_v_everywhere"
-            " mode runs the Triton kernel unless the CUDA one is asked for"
-        )
-        return "triton", False
     from .cuda.attention import unsupported_reason
 
     reason = unsupported_reason(q, k, v, **kwargs)
