@@ -50,12 +50,10 @@ CUTLASS_DEVICE void pass_turn(int c) {
   cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + (1 - c));
 }
 
-// Every consumer warp arrives once: the stage's buffer may be refilled (the warp's earlier
-// shared-memory reads of it ordered before lane 0's arrive, which releases them).
-CUTLASS_DEVICE void release(uint64_t *bar) {
-  __syncwarp();
-  if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(bar);
-}
+// Every consumer thread arrives once: the stage's buffer may be refilled. Each thread's arrive
+// releases its own earlier shared-memory reads of the stage (the K scales are read just before
+// the stage is released, and used after), so that no read depends on another thread's arrive.
+CUTLASS_DEVICE void release(uint64_t *bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
 
 // One consumer warpgroup's whole share of a query tile: its 64 rows. kFp8VEverywhere: the
 // LEAKY mode (boundary tiles keep their element-wise mask but use P in E4M3 and V8^T with its
@@ -236,8 +234,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
       Barrier::init(&ss.bar_v_full[s], 1);
-      Barrier::init(&ss.bar_k_empty[s], kConsumerWarps);
-      Barrier::init(&ss.bar_v_empty[s], kConsumerWarps);
+      Barrier::init(&ss.bar_k_empty[s], kConsumerArrivals);
+      Barrier::init(&ss.bar_v_empty[s], kConsumerArrivals);
     }
     cutlass::arch::fence_barrier_init();
   }

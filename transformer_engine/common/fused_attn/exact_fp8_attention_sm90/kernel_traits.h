@@ -39,7 +39,7 @@ constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled 
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
 constexpr int kProducerRegisters = 24;                  // setmaxnreg of the producer warpgroup
 constexpr int kConsumerRegisters = 240;                 // setmaxnreg of a consumer warpgroup
-constexpr int kConsumerWarps = kMmaThreads / 32;        // arrivals that release a stage
+constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
 // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
 // 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
 // new counts must fit it, or the consumers' allocation waits forever.
@@ -95,8 +95,8 @@ struct KernelTraits {
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
     alignas(8) uint64_t bar_k_full[kStages];    // K8 of the stage arrived
     alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived
-    alignas(8) uint64_t bar_k_empty[kStages];   // every consumer warp is done with the K8
-    alignas(8) uint64_t bar_v_empty[kStages];   // every consumer warp is done with the V
+    alignas(8) uint64_t bar_k_empty[kStages];   // every consumer thread is done with the K8
+    alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
   };
 };
 

@@ -86,7 +86,7 @@ struct KernelParams {
 // The producer: the first warp of the producer warpgroup. Its lane 0 issues every TMA load of
 // the CTA; its 32 lanes copy each K tile's 128 K scales (0 past s_kv) and the tile's V chunk
 // scale into shared memory and arrive on the tile's K barrier. Visit i of the KV tiles uses
-// stage i % kStages; the stage is refilled once all consumer warps released it (empty
+// stage i % kStages; the stage is refilled once all consumer threads released it (empty
 // barriers), K and V separately.
 struct Producer {
   using Traits = KernelTraits;
