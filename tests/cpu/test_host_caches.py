@@ -7,6 +7,8 @@ would allocate.
   * triton/attention.py: the dense _Sequences cache (keyed per shape and device, bypassed under
     capture);
   * quantize.py: the dense V-cast sizes against their uncached computation;
+  * cuda/attention.py: the one-call forward's workspace layout (per shape) and its dense V
+    offsets (keyed per shape and device, bypassed under capture);
   * kernels.device_capability and te/backend's device support, cached per device.
 """
 
@@ -250,7 +252,73 @@ def test_dense_v_cast_sizes_match_the_uncached_computation(chunk, aligned):
         seqs = quantize._Sequences(SeqLayout.dense(batch, seqlen), None)
         geo = quantize._Geometry(batch, seqlen, 1, 128, 0, 0, 0)
         want = (quantize._output_width(seqs, geo, aligned), seqs.num_chunks(chunk, geo.tokens))
-        assert quantize._dense_sizes(batch, seqlen, chunk, aligned) == want
+        assert quantize.dense_transposed_sizes(batch, seqlen, chunk, aligned) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA backend's one-call forward: workspace layout and dense V offsets
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 1, 1, 1), (2, 128, 130, 4, 2), (3, 100, 203, 8, 8), (1, 8192, 8192, 64, 8)]
+)
+def test_workspace_holds_every_operand_aligned_and_apart(shape):
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (
+        attention,
+    )
+
+    batch, s_q, s_kv, heads, heads_kv = shape
+    d = 128
+    ws = attention._workspace(batch, s_q, s_kv, heads, heads_kv, d)
+    aligned = batch > 1 and s_kv % 16 != 0
+    width, chunks = quantize.dense_transposed_sizes(batch, s_kv, 128, aligned)
+    assert (ws.vt_width, ws.num_chunks, ws.aligned) == (width, chunks, aligned)
+    t_q, t_kv = batch * s_q, batch * s_kv
+    need = [  # (offset, bytes) of q8, q_scale, k8, k_scale, v8t, v_scale
+        (ws.q8, heads * t_q * d), (ws.q_scale, heads * t_q * 4), (ws.k8, heads_kv * t_kv * d),
+        (ws.k_scale, heads_kv * t_kv * 4), (ws.v8t, heads_kv * d * width),
+        (ws.v_scale, heads_kv * chunks * 4),
+    ]  # fmt: skip
+    for (start, size), (next_start, _) in zip(need, need[1:] + [(ws.nbytes, 0)]):
+        assert start % 256 == 0 and start + size <= next_start
+    assert attention._workspace(batch, s_q, s_kv, heads, heads_kv, d) is ws  # cached
+
+
+def test_dense_v_offsets_are_cached_per_shape_and_fresh_under_capture(monkeypatch):
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (
+        attention,
+    )
+
+    monkeypatch.setattr(
+        attention, "_cached_v_offsets", attention.functools.lru_cache(maxsize=64)(
+            attention._v_offsets
+        ),
+    )  # fmt: skip
+    built = []
+
+    def offsets(batch, step, device):
+        built.append((batch, step, device))
+        return object()
+
+    def columns(batch, seqlen, device, aligned):
+        return offsets(batch, -(-seqlen // 16) * 16 if aligned else seqlen, device)
+
+    monkeypatch.setattr(attention, "dense_offsets", offsets)
+    monkeypatch.setattr(attention, "dense_column_starts", columns)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda = torch.device("cuda", 0)
+    pair = attention._dense_v_offsets(3, 203, cuda, True)
+    assert built == [(3, 2, cuda), (3, 208, cuda)]  # ceil(203 / 128) chunks, 16-aligned columns
+    assert attention._dense_v_offsets(3, 203, cuda, True) is pair and len(built) == 2
+    attention._dense_v_offsets(3, 203, cuda, False)
+    assert built[-1] == (3, 203, cuda) and len(built) == 4
+    assert attention._dense_v_offsets(3, 203, torch.device("cuda", 1), True) is not pair
+    capturing[0] = True  # a capture builds fresh offsets (filled by the graph's replays)
+    n = len(built)
+    assert attention._dense_v_offsets(3, 203, cuda, True) is not pair and len(built) == n + 2
+    capturing[0] = False
+    assert attention._dense_v_offsets(3, 203, cuda, True) is pair
 
 
 def test_v_cast_outputs_unchanged_by_the_size_cache():

@@ -262,6 +262,32 @@ def test_agrees_with_the_triton_kernel(mask, shape):
     torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
 
 
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize(
+    "shape", SHAPES + [(3, 100, 203, 4, 2)], ids=lambda s: "x".join(map(str, s))
+)
+def test_one_call_forward_equals_the_casts_then_the_kernel(shape, mask, leaky):
+    """forward_supported's single extension call (attention_sm90_fwd_quantizing: the casts into
+    a workspace, then the kernel) gives the bytes of quantize_operands followed by launch, for
+    strided Q and K views too, aligned V8^T layouts (batch > 1, s_kv % 16 != 0) and the leaky
+    variant (s_kv a multiple of 128)."""
+    if leaky and shape[2] % 128:
+        pytest.skip("the leaky variant runs s_kv a multiple of 128 only")
+    b, s_q, s_kv, h, h_kv = shape
+    q, k, v = _inputs(12, *shape)
+    # Q and K as views of packed tensors (non-contiguous, d contiguous).
+    q = torch.cat([q, torch.zeros_like(q)], dim=-1)[..., :128]
+    k = torch.stack([k, v], dim=2)[:, :, 0]
+    kw = dict(qkv_format="bshd", use_power_2_scales=True, amax_epsilon=0.0)
+    one_call = _cuda(q, k, v, mask, use_power_2_scales=True, fp8_v_everywhere=leaky)
+    ops = attention.quantize_operands(q, k, v, **kw)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(h, b * s_q, dtype=torch.float32, device="cuda")
+    attention.launch(ops, out, lse, mask == "causal", 128**-0.5, leaky)
+    assert torch.equal(one_call[0], out) and torch.equal(one_call[1], lse)
+
+
 def test_no_keys_gives_zero_and_minus_inf():
     q, _, _ = _inputs(7, 2, 130, 1, 2, 2)
     k = torch.empty(2, 0, 2, 128, dtype=torch.bfloat16, device="cuda")

@@ -6,6 +6,8 @@
  *
  * Tensors travel as device pointers (Python ints), the stream as an int. A failed call raises
  * ValueError (invalid argument) or RuntimeError (CUDA error) with the C API's message.
+ * attention_sm90_fwd takes quantized operands; attention_sm90_fwd_quantizing the bf16 inputs
+ * (the casts and the attention in one call).
  */
 #include <pybind11/pybind11.h>
 
@@ -19,6 +21,66 @@
 
 namespace py = pybind11;
 
+#ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
+namespace {
+
+NVTEExactFP8AttentionSm90Args attention_args(
+    uintptr_t q8, uintptr_t q_scale, uintptr_t k8, uintptr_t k_scale, uintptr_t v8t,
+    uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
+    uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
+    int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
+    float softmax_scale, bool fp8_v_everywhere) {
+  NVTEExactFP8AttentionSm90Args a{};
+  a.q8 = reinterpret_cast<const void *>(q8);
+  a.q_scale = reinterpret_cast<const float *>(q_scale);
+  a.k8 = reinterpret_cast<const void *>(k8);
+  a.k_scale = reinterpret_cast<const float *>(k_scale);
+  a.v8t = reinterpret_cast<const void *>(v8t);
+  a.v_scale = reinterpret_cast<const float *>(v_scale);
+  a.cu_chunks = reinterpret_cast<const int32_t *>(cu_chunks);
+  a.cu_vt = reinterpret_cast<const int32_t *>(cu_vt);
+  a.v = reinterpret_cast<const void *>(v);
+  a.out = reinterpret_cast<void *>(out);
+  a.lse = reinterpret_cast<float *>(lse);
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_kv = seqlen_kv;
+  a.heads = heads;
+  a.heads_kv = heads_kv;
+  a.head_dim = head_dim;
+  a.vt_width = vt_width;
+  a.num_chunks = num_chunks;
+  a.causal = causal ? 1 : 0;
+  a.softmax_scale = softmax_scale;
+  a.fp8_v_everywhere = fp8_v_everywhere ? 1 : 0;
+  return a;
+}
+
+/* A bf16 [batch, seqlen, heads, head_dim] view (element strides). */
+NVTEExactFP8TokenView bf16_view(uintptr_t data, int64_t batch, int64_t seqlen, int64_t heads,
+                                int64_t head_dim, int64_t stride_batch, int64_t stride_seq,
+                                int64_t stride_head) {
+  return NVTEExactFP8TokenView{reinterpret_cast<const void *>(data),
+                               NVTE_EXACT_FP8_BFLOAT16,
+                               batch,
+                               seqlen,
+                               heads,
+                               head_dim,
+                               stride_batch,
+                               stride_seq,
+                               stride_head};
+}
+
+void check(NVTEExactFP8Status status) {
+  if (status == NVTE_EXACT_FP8_SUCCESS) return;
+  const std::string message = nvte_exact_fp8_attention_sm90_last_error();
+  if (status == NVTE_EXACT_FP8_INVALID_ARGUMENT) throw py::value_error(message);
+  throw std::runtime_error(message);
+}
+
+}  // namespace
+#endif
+
 void register_exact_fp8_attention(py::module_ &m) {
 #ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
   m.attr("ATTENTION_SM90_HEAD_DIM") = NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM;
@@ -29,35 +91,11 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
          int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
          float softmax_scale, bool fp8_v_everywhere, uintptr_t stream) {
-        NVTEExactFP8AttentionSm90Args a{};
-        a.q8 = reinterpret_cast<const void *>(q8);
-        a.q_scale = reinterpret_cast<const float *>(q_scale);
-        a.k8 = reinterpret_cast<const void *>(k8);
-        a.k_scale = reinterpret_cast<const float *>(k_scale);
-        a.v8t = reinterpret_cast<const void *>(v8t);
-        a.v_scale = reinterpret_cast<const float *>(v_scale);
-        a.cu_chunks = reinterpret_cast<const int32_t *>(cu_chunks);
-        a.cu_vt = reinterpret_cast<const int32_t *>(cu_vt);
-        a.v = reinterpret_cast<const void *>(v);
-        a.out = reinterpret_cast<void *>(out);
-        a.lse = reinterpret_cast<float *>(lse);
-        a.batch = batch;
-        a.seqlen_q = seqlen_q;
-        a.seqlen_kv = seqlen_kv;
-        a.heads = heads;
-        a.heads_kv = heads_kv;
-        a.head_dim = head_dim;
-        a.vt_width = vt_width;
-        a.num_chunks = num_chunks;
-        a.causal = causal ? 1 : 0;
-        a.softmax_scale = softmax_scale;
-        a.fp8_v_everywhere = fp8_v_everywhere ? 1 : 0;
-        const NVTEExactFP8Status status =
-            nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream));
-        if (status == NVTE_EXACT_FP8_SUCCESS) return;
-        const std::string message = nvte_exact_fp8_attention_sm90_last_error();
-        if (status == NVTE_EXACT_FP8_INVALID_ARGUMENT) throw py::value_error(message);
-        throw std::runtime_error(message);
+        const NVTEExactFP8AttentionSm90Args a = attention_args(
+            q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v, out, lse, batch,
+            seqlen_q, seqlen_kv, heads, heads_kv, head_dim, vt_width, num_chunks, causal,
+            softmax_scale, fp8_v_everywhere);
+        check(nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       py::arg("q8"), py::arg("q_scale"), py::arg("k8"), py::arg("k_scale"), py::arg("v8t"),
       py::arg("v_scale"), py::arg("cu_chunks"), py::arg("cu_vt"), py::arg("v"), py::arg("out"),
@@ -68,6 +106,34 @@ void register_exact_fp8_attention(py::module_ &m) {
       "Mask-exact FP8 attention forward on sm_90a (bshd, d = 128, bf16, current scaling): "
       "out [b, s_q, h, d] bf16, lse [h, b * s_q] fp32; fp8_v_everywhere: the LEAKY benchmark "
       "and negative-control mode. See exact_fp8_attention_sm90.h.");
+  m.def(
+      "attention_sm90_fwd_quantizing",
+      [](uintptr_t q, int64_t q_stride_batch, int64_t q_stride_seq, int64_t q_stride_head,
+         uintptr_t k, int64_t k_stride_batch, int64_t k_stride_seq, int64_t k_stride_head,
+         bool use_power_2_scales, float amax_epsilon, uintptr_t q8, uintptr_t q_scale,
+         uintptr_t k8, uintptr_t k_scale, uintptr_t v8t, uintptr_t v_scale, uintptr_t cu_chunks,
+         uintptr_t cu_vt, uintptr_t v, uintptr_t out, uintptr_t lse, int64_t batch,
+         int64_t seqlen_q, int64_t seqlen_kv, int64_t heads, int64_t heads_kv, int64_t head_dim,
+         int64_t vt_width, int64_t num_chunks, bool causal, float softmax_scale,
+         bool fp8_v_everywhere, uintptr_t stream) {
+        NVTEExactFP8AttentionSm90QuantizingArgs a{};
+        a.q = bf16_view(q, batch, seqlen_q, heads, head_dim, q_stride_batch, q_stride_seq,
+                        q_stride_head);
+        a.k = bf16_view(k, batch, seqlen_kv, heads_kv, head_dim, k_stride_batch, k_stride_seq,
+                        k_stride_head);
+        a.use_power_2_scales = use_power_2_scales ? 1 : 0;
+        a.amax_epsilon = amax_epsilon;
+        a.attention = attention_args(q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v,
+                                     out, lse, batch, seqlen_q, seqlen_kv, heads, heads_kv,
+                                     head_dim, vt_width, num_chunks, causal, softmax_scale,
+                                     fp8_v_everywhere);
+        check(nvte_exact_fp8_attention_sm90_fwd_quantizing(
+            &a, reinterpret_cast<cudaStream_t>(stream)));
+      },
+      "The forward from bf16 q (bshd view: element strides) and k (same) and the contiguous v: "
+      "the Q, K and V casts into the given buffers, then attention_sm90_fwd, in one call "
+      "(positional arguments only: the host time of small calls). See "
+      "nvte_exact_fp8_attention_sm90_fwd_quantizing in exact_fp8_attention_sm90.h.");
 #else
   (void)m;
 #endif

@@ -1,9 +1,10 @@
 /*
  * C API of the sm90 mask-exact FP8 attention forward (exact_fp8_attention_sm90.h): argument
- * checks, the TMA descriptors and the launch of kernel.h.
+ * checks, the TMA descriptors and the launch of kernel.h; the quantizing forward's casts.
  */
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -53,6 +54,45 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
     return "q8, k8, v8t, v and out must be 16-byte aligned (TMA)";
   }
   return "";
+}
+
+constexpr int kMaxDevices = 64;  // devices whose kernel attribute is remembered
+
+/* cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) once per (variant, device): a
+ * host call per launch otherwise, which small calls feel. */
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, bool leaky, int smem) {
+  static std::atomic<bool> done[2][kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool cached = device < kMaxDevices;
+  if (cached && done[leaky][device].load(std::memory_order_acquire)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess && cached) done[leaky][device].store(true, std::memory_order_release);
+  return err;
+}
+
+/* The token view of the contiguous V [batch, seqlen_kv, heads_kv, d] of `a`. */
+NVTEExactFP8TokenView contiguous_v(const NVTEExactFP8AttentionSm90Args &a) {
+  const int64_t row = a.heads_kv * a.head_dim;
+  return NVTEExactFP8TokenView{a.v,          NVTE_EXACT_FP8_BFLOAT16, a.batch,
+                               a.seqlen_kv,  a.heads_kv,              a.head_dim,
+                               a.seqlen_kv * row, row,                a.head_dim};
+}
+
+std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int64_t batch,
+                       int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (x.dtype != NVTE_EXACT_FP8_BFLOAT16) return std::string(name) + " must be bf16";
+  if (x.batch != batch || x.seqlen != seqlen || x.heads != heads || x.head_dim != head_dim) {
+    return std::string(name) + "'s view does not match the attention's shape";
+  }
+  return "";
+}
+
+/* A failed cast's status, with the quantization API's message as this API's. */
+NVTEExactFP8Status cast_failed(NVTEExactFP8Status status, const char *what) {
+  return fail(status, std::string(what) + ": " + nvte_exact_fp8_last_error());
 }
 
 }  // namespace
@@ -114,9 +154,9 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
 
   const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
   // The mask-exact kernel, or the leaky benchmark / negative-control variant (kernel.h).
-  auto kernel = a.fp8_v_everywhere ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const bool leaky = a.fp8_v_everywhere != 0;
+  auto kernel = leaky ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
+  cudaError_t err = allow_dynamic_smem(kernel, leaky, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid(b * h, p.num_q_tiles);
   kernel<<<grid, kThreads, smem, stream>>>(kp);
@@ -141,6 +181,46 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd(const NVTEExactFP8Attention
   if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
   try {
     return s::launch(*args, stream);
+  } catch (const std::exception &e) {  // none expected; never across the C boundary
+    return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, e.what());
+  }
+}
+
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
+    const NVTEExactFP8AttentionSm90QuantizingArgs *args, cudaStream_t stream) {
+  namespace s = transformer_engine::exact_fp8::sm90;
+  if (args == nullptr) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, "args is null");
+  const NVTEExactFP8AttentionSm90Args &a = args->attention;
+  std::string problem = s::check(a);
+  if (problem.empty()) {
+    problem = s::check_view(args->q, "q", a.batch, a.seqlen_q, a.heads, a.head_dim);
+  }
+  if (problem.empty()) {
+    problem = s::check_view(args->k, "k", a.batch, a.seqlen_kv, a.heads_kv, a.head_dim);
+  }
+  if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
+  const int pow2 = args->use_power_2_scales;
+  NVTEExactFP8Status st = nvte_exact_fp8_per_token_cast(
+      &args->q, pow2, args->amax_epsilon, const_cast<void *>(a.q8),
+      const_cast<float *>(a.q_scale), stream);
+  if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q cast");
+  if (a.seqlen_kv > 0) {
+    st = nvte_exact_fp8_per_token_cast(&args->k, pow2, args->amax_epsilon,
+                                       const_cast<void *>(a.k8), const_cast<float *>(a.k_scale),
+                                       stream);
+    if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the K cast");
+    const NVTEExactFP8TokenView v = s::contiguous_v(a);
+    const bool aligned = a.batch > 1 && a.seqlen_kv % 16 != 0;  // the header's cu_vt rule
+    const NVTEExactFP8Chunks chunks{nullptr,      a.cu_chunks, a.batch,
+                                    a.num_chunks, s::kKVTile,  aligned ? a.cu_vt : nullptr,
+                                    NVTE_EXACT_FP8_KEYS_SM90_PV};
+    st = nvte_exact_fp8_per_chunk_cast_transposed(&v, &chunks, pow2, args->amax_epsilon,
+                                                  const_cast<void *>(a.v8t), a.vt_width,
+                                                  const_cast<float *>(a.v_scale), stream);
+    if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the V cast");
+  }
+  try {
+    return s::launch(a, stream);
   } catch (const std::exception &e) {  // none expected; never across the C boundary
     return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, e.what());
   }

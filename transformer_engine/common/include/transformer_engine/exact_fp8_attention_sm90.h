@@ -5,7 +5,8 @@
  * First step of the kernel (docs/attention_kernel_sm90.md): bshd dense, d = 128, bf16 Q/K/V/O,
  * current scaling (rules v2), causal (top-left) or no mask, MHA and GQA. The numerics are those
  * of Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
- * Q, K and V arrive quantized by the fork's quantization kernels (exact_fp8_quantize.h).
+ * Q, K and V arrive quantized by the fork's quantization kernels (exact_fp8_quantize.h), or in
+ * bf16 to nvte_exact_fp8_attention_sm90_fwd_quantizing, which runs those casts first.
  *
  * The call enqueues its work on `stream` and returns at once: NVTE_EXACT_FP8_SUCCESS or an
  * error code, described by nvte_exact_fp8_attention_sm90_last_error() (per host thread).
@@ -65,6 +66,30 @@ int nvte_exact_fp8_attention_sm90_built(void);
  * Needs a device of compute capability 9.0. */
 NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd(const NVTEExactFP8AttentionSm90Args *args,
                                                      cudaStream_t stream);
+
+/*
+ * One forward from the high-precision inputs, for the host time of small calls: the casts of
+ * exact_fp8_quantize.h (Q and K per token, V per chunk into V8^T in the kernel's key order
+ * NVTE_EXACT_FP8_KEYS_SM90_PV) and the attention of nvte_exact_fp8_attention_sm90_fwd, enqueued
+ * on one stream by one call. Same numerics and outputs as those four calls.
+ */
+typedef struct {
+  NVTEExactFP8TokenView q; /* [batch, seqlen_q, heads, d] bf16, any strides (d contiguous)   */
+  NVTEExactFP8TokenView k; /* [batch, seqlen_kv, heads_kv, d] bf16, any strides             */
+  int32_t use_power_2_scales;
+  float amax_epsilon;
+  /* q8, q_scale, k8, k_scale, v8t, v_scale: the casts' outputs (the caller's buffers, of the
+   * shapes above); v: the contiguous V that the V cast reads and the boundary tiles use;
+   * cu_chunks: n * ceil(seqlen_kv / 128); cu_vt: n * seqlen_kv, or n * seqlen_kv rounded up to
+   * 16 when batch > 1 and seqlen_kv % 16 != 0 (the aligned layout, whose columns the V cast
+   * then writes). vt_width, num_chunks: of those layouts. */
+  NVTEExactFP8AttentionSm90Args attention;
+} NVTEExactFP8AttentionSm90QuantizingArgs;
+
+/* The forward of NVTEExactFP8AttentionSm90QuantizingArgs: out and lse as
+ * nvte_exact_fp8_attention_sm90_fwd writes them. An argument error enqueues nothing. */
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
+    const NVTEExactFP8AttentionSm90QuantizingArgs *args, cudaStream_t stream);
 
 /* The message of the last failed call of this thread. */
 const char *nvte_exact_fp8_attention_sm90_last_error(void);

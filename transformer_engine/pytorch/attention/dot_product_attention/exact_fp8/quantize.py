@@ -51,6 +51,7 @@ __all__ = [
     "CHUNK_SIZES",
     "TOKEN_PAD",
     "chunk_bound",
+    "dense_transposed_sizes",
     "extension_available",
     "sequence_offsets",
     "per_token_cast_to_fp8",
@@ -190,7 +191,7 @@ def _launch(x: torch.Tensor, kernel, *args) -> None:
 
     The device is switched only when it is not current already: the context manager costs more
     host time than the kernel launch itself at small shapes."""
-    device = x.device.index
+    device = x.get_device()
     if device == torch.cuda.current_device():
         kernel(*args, _raw_stream(device))
         return
@@ -321,9 +322,10 @@ def _dense_sequences(batch: int, seqlen: int) -> _Sequences:
 
 
 @functools.lru_cache(maxsize=256)
-def _dense_sizes(batch: int, seqlen: int, chunk: int, aligned: bool) -> Tuple[int, int]:
-    """(width, num_chunks) of a bshd/sbhd V cast: _output_width and num_chunks of the dense
-    layout, computed once per shape instead of per call (O(batch) Python loops)."""
+def dense_transposed_sizes(batch: int, seqlen: int, chunk: int, aligned: bool) -> Tuple[int, int]:
+    """(width, num_chunks) of a bshd/sbhd V cast (per_chunk_cast_to_fp8_transposed with
+    aligned_columns=aligned): the columns of data_t and the rows of the scales, computed once
+    per shape instead of per call (O(batch) Python loops)."""
     seqs, geo = _dense_sequences(batch, seqlen), _Geometry(batch, seqlen, 0, 0, 0, 0, 0)
     return _output_width(seqs, geo, aligned), seqs.num_chunks(chunk, geo.tokens)
 
@@ -466,7 +468,7 @@ def _chunked_cast_transposed(
         raise ValueError(f"chunk must be one of {CHUNK_SIZES} tokens, got {chunk}")
     seqs = _sequences(v, geo, qkv_format, cu_seqlens, sync_free)
     if seqs.cu_seqlens is None:
-        width, num_chunks = _dense_sizes(geo.batch, geo.seqlen, chunk, aligned_columns)
+        width, num_chunks = dense_transposed_sizes(geo.batch, geo.seqlen, chunk, aligned_columns)
     else:
         width = _output_width(seqs, geo, aligned_columns)
         num_chunks = seqs.num_chunks(chunk, geo.tokens)

@@ -10,9 +10,12 @@ naming what is not supported; the Triton backend runs it.
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
 V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel
-takes Q quantized (it does not cast Q itself yet).
+takes Q quantized (it does not cast Q itself yet). A call from bf16 inputs makes the three casts
+and the kernel launch in one extension call (attention_sm90_fwd_quantizing: one host round trip
+instead of four, for small calls) into a workspace; a call with q_fp8 quantizes K and V here.
 """
 
+import functools
 import inspect
 from typing import NamedTuple, Optional, Tuple
 
@@ -22,7 +25,7 @@ from .. import quantize
 from ..formats import KV_TILE, V_CHUNK_CURRENT, check_recipe
 from ..kernels import device_capability
 from ..masks import QKV_FORMATS, check_mask_type
-from ..vt_layout import ALIGN_COLUMNS, dense_column_starts
+from ..vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
 
 __all__ = [
     "HEAD_DIMS",
@@ -111,39 +114,121 @@ def forward_supported(
     s_kv = k.shape[1]
     if softmax_scale is None:
         softmax_scale = d**-0.5
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(heads, batch * s_q, dtype=torch.float32, device=q.device)
     if batch * s_q == 0:
         return out, lse
     if s_kv == 0:  # no key anywhere: every row sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
+    causal = attn_mask_type == "causal"
+    if q_fp8 is None:  # the casts and the kernel in one extension call
+        _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, use_power_2_scales,
+                             amax_epsilon, fp8_v_everywhere)  # fmt: skip
+        return out, lse
     cast = dict(qkv_format="bshd", use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon)
     operands = quantize_operands(q, k, v, q_fp8, **cast)
-    launch(operands, out, lse, attn_mask_type == "causal", softmax_scale, fp8_v_everywhere)
+    launch(operands, out, lse, causal, softmax_scale, fp8_v_everywhere)
     return out, lse
 
 
-_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+class _Workspace(NamedTuple):
+    """Where _quantize_and_launch's casts write the operands of quantize_operands: byte offsets
+    into one uint8 buffer of `nbytes` (each 16-byte aligned for TMA and the casts' stores), and
+    the V8^T layout's sizes. One per shape (_workspace)."""
+
+    nbytes: int
+    q8: int  # [h, t_q, d] e4m3
+    q_scale: int  # [h, t_q] fp32
+    k8: int  # [h_kv, t_kv, d] e4m3
+    k_scale: int  # [h_kv, t_kv] fp32
+    v8t: int  # [h_kv, d, vt_width] e4m3, key order SM90_PV_KEY_ORDER
+    v_scale: int  # [h_kv, num_chunks] fp32
+    vt_width: int
+    num_chunks: int
+    aligned: bool  # sample n's first V8^T column on the 16-grid (batch > 1, s_kv % 16 != 0)
+
+
+_WORKSPACE_ALIGN = 256
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace(batch, s_q, s_kv, heads, heads_kv, d) -> _Workspace:
+    aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0
+    width, num_chunks = quantize.dense_transposed_sizes(batch, s_kv, V_CHUNK_CURRENT, aligned)
+    t_q, t_kv = batch * s_q, batch * s_kv
+    sizes = (heads * t_q * d, heads * t_q * 4, heads_kv * t_kv * d, heads_kv * t_kv * 4,
+             heads_kv * d * width, heads_kv * num_chunks * 4)  # fmt: skip
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    return _Workspace(end, *offsets, width, num_chunks, aligned)
+
+
+def _dense_v_offsets(batch, s_kv, device, aligned):
+    """(cu_chunks, cu_vt), [b + 1] int32 each, of a dense V8^T: vt_layout's per-shape cached
+    tensors (read-only), looked up together; fresh ones while a CUDA graph is being captured
+    (vt_layout.dense_offsets says why)."""
+    if torch.cuda.is_current_stream_capturing():
+        return _v_offsets(batch, s_kv, device, aligned)
+    return _cached_v_offsets(batch, s_kv, device, aligned)
+
+
+def _v_offsets(batch, s_kv, device, aligned):
+    cu_chunks = dense_offsets(batch, -(-s_kv // V_CHUNK_CURRENT), device)
+    return cu_chunks, dense_column_starts(batch, s_kv, device, aligned)
+
+
+_cached_v_offsets = functools.lru_cache(maxsize=64)(_v_offsets)
+
+
+def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon, leaky):
+    """quantize_operands and launch in one extension call (attention_sm90_fwd_quantizing), the
+    operands in a workspace freed on return (the stream-ordered allocator keeps it until the
+    kernels that read it are done). For the host time of small calls: same bytes."""
+    batch, s_q, heads, d = q.shape
+    s_kv, heads_kv = k.shape[1], k.shape[2]
+    ws = _workspace(batch, s_q, s_kv, heads, heads_kv, d)
+    buffer = torch.empty(ws.nbytes, dtype=torch.uint8, device=q.device)
+    base = buffer.data_ptr()
+    cu_chunks, cu_vt = _dense_v_offsets(batch, s_kv, q.device, ws.aligned)
+    v = v.contiguous()
+    qs, ks = q.stride(), k.stride()
+    quantize._launch(
+        out, quantize._ext.attention_sm90_fwd_quantizing,
+        q.data_ptr(), qs[0], qs[1], qs[2], k.data_ptr(), ks[0], ks[1], ks[2],
+        bool(pow2), float(epsilon), base + ws.q8, base + ws.q_scale, base + ws.k8,
+        base + ws.k_scale, base + ws.v8t, base + ws.v_scale, cu_chunks.data_ptr(),
+        cu_vt.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        batch, s_q, s_kv, heads, heads_kv, d, ws.vt_width, ws.num_chunks,
+        bool(causal), float(softmax_scale), bool(leaky),
+    )  # fmt: skip
+
+
 _PARAMETERS = frozenset(inspect.signature(forward_supported).parameters)
 
 
 def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
-    """The ValueError exact_fp8_attention_forward raises for this call, or None."""
-    unknown = sorted(n for n, x in kwargs.items() if n not in _PARAMETERS and x is not None)
-    if unknown:
-        return ValueError(
-            f"the sm90 CUDA attention kernel takes no argument(s) {', '.join(unknown)}"
-        )
+    """The ValueError exact_fp8_attention_forward raises for this call, or None. (Written for
+    host time: every call of the CUDA backend makes these checks.)"""
+    if not _PARAMETERS.issuperset(kwargs):
+        unknown = sorted(n for n, x in kwargs.items() if n not in _PARAMETERS and x is not None)
+        if unknown:
+            return ValueError(
+                f"the sm90 CUDA attention kernel takes no argument(s) {', '.join(unknown)}"
+            )
     if "recipe" not in kwargs:
         return ValueError("recipe is required")
-    if any(kwargs.get(name) is not None for name in _CU_SEQLENS):
+    get = kwargs.get
+    if not (get("cu_seqlens_q") is None and get("cu_seqlens_kv") is None
+            and get("cu_seqlens_q_padded") is None and get("cu_seqlens_kv_padded") is None):  # fmt: skip
         return _unsupported("cu_seqlens (padding masks and thd)")
-    if kwargs.get("fp8_v_everywhere") and k.dim() == 4 and k.shape[1] % KV_TILE != 0:
+    if get("fp8_v_everywhere") and k.dim() == 4 and k.shape[1] % KV_TILE != 0:
         # its V8^T keeps a ragged last 16-key group in natural order (vt_layout)
         return _unsupported("fp8_v_everywhere (the leaky variant) with s_kv not a multiple of 128")
     try:
-        _check(q, k, v, kwargs["recipe"], kwargs.get("qkv_format", "bshd"),
-               kwargs.get("attn_mask_type", "causal"), kwargs.get("window_size"))  # fmt: skip
+        _check(q, k, v, kwargs["recipe"], get("qkv_format", "bshd"),
+               get("attn_mask_type", "causal"), get("window_size"))  # fmt: skip
     except ValueError as err:
         return err
     return None
@@ -228,16 +313,18 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
         raise _unsupported(f"attn_mask_type {attn_mask_type!r}")
     if window_size is not None and tuple(window_size) not in _WINDOWS[attn_mask_type]:
         raise _unsupported(f"window_size {tuple(window_size)}")
-    if any(x.dim() != 4 for x in (q, k, v)):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"bshd needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
-    if any(x.dtype != torch.bfloat16 for x in (q, k, v)):
+    bf16 = torch.bfloat16
+    if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16:
         raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 only)")
-    d = q.shape[-1]
-    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+    q_shape, k_shape = q.shape, k.shape
+    d = q_shape[3]
+    if d not in HEAD_DIMS or k_shape[3] != d:
         raise _unsupported(f"head dim {d}")
-    if k.shape != v.shape or q.shape[-2] % k.shape[-2] or q.shape[0] != k.shape[0]:
+    if k_shape != v.shape or q_shape[2] % k_shape[2] or q_shape[0] != k_shape[0]:
         raise ValueError(f"k, v must match and h_kv must divide h: {q.shape}, {k.shape}, {v.shape}")
-    if q.device.type != "cuda" or device_capability(q.device) != (9, 0):
+    if not q.is_cuda or device_capability(q.device) != (9, 0):
         raise ValueError("the sm90 CUDA attention kernel runs on CUDA tensors of an sm90 GPU")
     if not extension_has_kernel():
         raise ValueError(
