@@ -10,14 +10,18 @@
 # Needs on that machine: the pinned upstream artifacts in $TE_STAGE_DIR (default /tmp/stage, as
 # shared/device/upstream-te.sh stages them: the pure-Python wheel, the cu13 core wheel, the
 # transformer_engine_torch sdist and upstream's small runtime wheels), the CUTLASS wheel in
-# build/artifacts, a CUDA build of PyTorch with nvcc, and the build tools (setuptools, wheel,
+# build/artifacts with every runtime dependency of upstream's that neither the stage nor the
+# system Python holds (on the H200 of 2026-12-02: importlib-metadata and zipp, added with
+# `pip download -d build/artifacts --only-binary=:all: --python-version 3.12 --no-deps
+# importlib-metadata zipp` on a machine with network; every wheel there joins the folder), a CUDA build of PyTorch with nvcc, and the build tools (setuptools, wheel,
 # cmake, ninja, pybind11) in the system Python, which the environment sees
 # (--system-site-packages: PyTorch is not reinstalled). Upstream TE's staged environment
 # (/tmp/te-env.sh) must NOT be sourced: the install is what is tested.
 #
 # Steps (each logged to $OUT/<step>.log, a summary table printed last):
 #   artifacts  one folder with every artifact, checked by `python -m build_tools.fetch --offline`
-#   venv       python3 -m venv --system-site-packages $VENV (default /tmp/fork-venv)
+#   venv       python3 -m venv --system-site-packages $VENV (default /tmp/fork-venv); where that
+#              venv does not see PyTorch (python3 itself a venv), a .pth file adds its folder
 #   install    NVTE_FORK_ARTIFACTS_DIR=... NVTE_FORK_REQUIRE_EXT=1 pip install
 #              --no-build-isolation --no-index --find-links <folder> .
 #   checks     python -m transformer_engine._fork_build_info; import transformer_engine.pytorch
@@ -57,7 +61,13 @@ step artifacts 60 "mkdir -p '$ARTIFACTS' && cp '$STAGE'/*.whl '$STAGE'/*.tar.gz 
   cp '$ROOT'/build/artifacts/*.whl '$ARTIFACTS'/ &&
   cd '$ROOT' && python3 -m build_tools.fetch --cuda 13 --offline '$ARTIFACTS' &&
   python3 -m build_tools.fetch --cutlass --offline '$ARTIFACTS' && ls '$ARTIFACTS'"
+# Where python3 is itself a virtual environment, --system-site-packages reaches its base
+# interpreter and not PyTorch: a .pth file then adds the folder PyTorch comes from (after the
+# venv's own site-packages, so what the install puts there wins).
+TORCH_SITE=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
 step venv 60 "rm -rf '$VENV' && python3 -m venv --system-site-packages '$VENV' &&
+  { '$VENV/bin/python' -c 'import torch' 2> /dev/null ||
+    echo '$TORCH_SITE' > \$('$VENV/bin/python' -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/system_torch.pth; } &&
   '$VENV/bin/python' -c 'import torch, sys; print(sys.prefix, torch.__version__)'"
 # NVTE_PYTORCH_FORCE_BUILD: upstream's sdist compiles at once instead of first trying to
 # download a prebuilt wheel (no network here)
