@@ -288,6 +288,18 @@ def test_one_call_forward_equals_the_casts_then_the_kernel(shape, mask, leaky):
     assert torch.equal(one_call[0], out) and torch.equal(one_call[1], lse)
 
 
+def test_head_dim_strided_inputs_equal_their_contiguous_copies():
+    """Q and K whose head dim is not contiguous (stride 2) are copied for the casts: the same
+    bytes as the contiguous inputs."""
+    q, k, v = _inputs(13, 2, 200, 200, 4, 2)
+    q_s = torch.stack([q, q], dim=-1)[..., 0]
+    k_s = torch.stack([k, k], dim=-1)[..., 0]
+    assert q_s.stride(-1) == 2 and k_s.stride(-1) == 2
+    a = _cuda(q_s, k_s, v, "causal")
+    b = _cuda(q, k, v, "causal")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 def test_no_keys_gives_zero_and_minus_inf():
     q, _, _ = _inputs(7, 2, 130, 1, 2, 2)
     k = torch.empty(2, 0, 2, 128, dtype=torch.bfloat16, device="cuda")

@@ -192,8 +192,14 @@ def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon
     buffer = torch.empty(ws.nbytes, dtype=torch.uint8, device=q.device)
     base = buffer.data_ptr()
     cu_chunks, cu_vt = _dense_v_offsets(batch, s_kv, q.device, ws.aligned)
-    v = v.contiguous()
     qs, ks = q.stride(), k.stride()
+    if qs[3] != 1:  # the casts' views take d contiguous (any other strides)
+        q = q.contiguous()
+        qs = q.stride()
+    if ks[3] != 1:
+        k = k.contiguous()
+        ks = k.stride()
+    v = v.contiguous()
     quantize._launch(
         out, quantize._ext.attention_sm90_fwd_quantizing,
         q.data_ptr(), qs[0], qs[1], qs[2], k.data_ptr(), ks[0], ks[1], ks[2],
