@@ -32,9 +32,13 @@ CUDA_SOURCES = (
     "transformer_engine/common/fused_attn/exact_fp8_transposed_current.cu",
 )
 # The sm90 attention forward: CuTe/CUTLASS, wgmma and TMA, so sm_90a only.
-SM90A_SOURCES = ("transformer_engine/common/fused_attn/exact_fp8_attention_sm90/launcher.cu",)
+SM90A_SOURCES = (
+    "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/launcher.cu",
+    "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/driver_api.cu",
+)
 SM90A_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
-SM90A_FLAGS = ("--expt-relaxed-constexpr",)
+# CuTe calls cuTensorMapEncodeTiled by name; driver_api.cu defines it (as CMakeLists.txt says)
+SM90A_FLAGS = ("--expt-relaxed-constexpr", "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1")
 INCLUDE_DIR = "transformer_engine/common/include"
 ARCHS_ENV = "NVTE_FORK_CUDA_ARCHS"  # e.g. "90" or "90;100a"; CMakeLists.txt's default otherwise
 

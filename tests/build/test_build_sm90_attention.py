@@ -1,5 +1,6 @@
 """The sm_90a attention kernel compiles (nvcc only: no GPU), without warnings or register spills,
-into an object that holds the kernel and the C API; skipped without nvcc."""
+into an object that holds the kernel and the C API, and calls the driver's
+cuTensorMapEncodeTiled through driver_api.cu's hidden definition; skipped without nvcc."""
 
 import re
 import subprocess
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.skipif(env.find_nvcc() is None, reason="needs nvcc (the
 def compiled(tmp_path_factory):
     """(object file, nvcc's output with ptxas -v) of the attention kernel for sm_90a."""
     out = tmp_path_factory.mktemp("sm90a")
-    (source,) = cmake_build.SM90A_SOURCES
+    source = cmake_build.SM90A_SOURCES[0]
+    assert source.endswith("launcher.cu")
     obj = out / "attention.o"
     cmd = cmake_build.sm90a_command(source, obj, fetch.cutlass_include_dir(), ptxas_verbose=True)
     assert "-gencode=arch=compute_90a,code=sm_90a" in cmd
@@ -40,10 +42,36 @@ def test_object_holds_the_c_api(compiled):
     symbols = subprocess.run(["nm", "-g", str(obj)], capture_output=True, text=True).stdout
     for name in (
         "nvte_exact_fp8_attention_sm90_fwd",
+        "nvte_exact_fp8_attention_sm90_fwd_quantizing",
         "nvte_exact_fp8_attention_sm90_built",
         "nvte_exact_fp8_attention_sm90_last_error",
     ):
         assert re.search(rf"\bT {name}\b", symbols), name
+
+
+def test_tensor_maps_are_encoded_through_the_modules_own_entry_point(compiled, tmp_path):
+    """launcher.cu leaves cuTensorMapEncodeTiled to the linker (CuTe calls it by name, no
+    per-call driver lookup); driver_api.cu defines it with hidden visibility (never exported
+    from the module, where it would stand in for the driver's own symbol)."""
+    obj, _ = compiled
+    undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True).stdout
+    assert re.search(r"\bcuTensorMapEncodeTiled\b", undefined), undefined[-2000:]
+    assert "cudaGetDriverEntryPoint" not in undefined
+    source = cmake_build.SM90A_SOURCES[1]
+    driver = tmp_path / "driver_api.o"
+    cmd = cmake_build.sm90a_command(source, driver, fetch.cutlass_include_dir())
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    symbols = subprocess.run(["readelf", "-sW", str(driver)], capture_output=True, text=True)
+    line = next(x for x in symbols.stdout.splitlines() if x.endswith(" cuTensorMapEncodeTiled"))
+    assert " GLOBAL " in line and " HIDDEN " in line and " UND " not in line, line
+
+
+def test_cmake_builds_the_sources_and_flags_of_compile_only():
+    cmake = (cmake_build.REPO_ROOT / "CMakeLists.txt").read_text()
+    for source in cmake_build.SM90A_SOURCES:
+        assert source in cmake, source
+    assert "CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1" in cmake
 
 
 def test_compile_only_builds_the_kernel_for_an_sm90_arch_only(tmp_path, monkeypatch):
@@ -57,5 +85,6 @@ def test_compile_only_builds_the_kernel_for_an_sm90_arch_only(tmp_path, monkeypa
     objects = cmake_build.compile_only(["90", "100a"], tmp_path)
     assert len(objects) == len(cmake_build.CUDA_SOURCES) + len(cmake_build.SM90A_SOURCES)
     sm90a = [c for c in calls if "-gencode=arch=compute_90a,code=sm_90a" in c]
-    assert len(sm90a) == 1 and f"-I{tmp_path / 'include'}" in sm90a[0]
+    assert len(sm90a) == len(cmake_build.SM90A_SOURCES)
+    assert all(f"-I{tmp_path / 'include'}" in c for c in sm90a)
     assert "-gencode=arch=compute_100a,code=sm_100a" not in sm90a[0]
