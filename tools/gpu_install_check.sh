@@ -19,7 +19,8 @@
 # (/tmp/te-env.sh) must NOT be sourced: the install is what is tested.
 #
 # Steps (each logged to $OUT/<step>.log, a summary table printed last):
-#   artifacts  one folder with every artifact, checked by `python -m build_tools.fetch --offline`
+#   artifacts  one folder with every artifact, checked by `python -m build_tools.fetch --offline`,
+#              and upstream's runtime dependencies by `python -m build_tools.offline_deps`
 #   venv       python3 -m venv --system-site-packages $VENV (default /tmp/fork-venv); where that
 #              venv does not see PyTorch (python3 itself a venv), a .pth file adds its folder
 #   install    NVTE_FORK_ARTIFACTS_DIR=... NVTE_FORK_REQUIRE_EXT=1 pip install
@@ -60,7 +61,8 @@ CUDNN=$(python3 -c "import nvidia.cudnn, os; print(list(nvidia.cudnn.__path__)[0
 step artifacts 60 "mkdir -p '$ARTIFACTS' && cp '$STAGE'/*.whl '$STAGE'/*.tar.gz '$ARTIFACTS'/ &&
   cp '$ROOT'/build/artifacts/*.whl '$ARTIFACTS'/ &&
   cd '$ROOT' && python3 -m build_tools.fetch --cuda 13 --offline '$ARTIFACTS' &&
-  python3 -m build_tools.fetch --cutlass --offline '$ARTIFACTS' && ls '$ARTIFACTS'"
+  python3 -m build_tools.fetch --cutlass --offline '$ARTIFACTS' &&
+  python3 -m build_tools.offline_deps --cuda 13 '$ARTIFACTS' && ls '$ARTIFACTS'"
 # Where python3 is itself a virtual environment, --system-site-packages reaches its base
 # interpreter and not PyTorch: a .pth file then adds the folder PyTorch comes from (after the
 # venv's own site-packages, so what the install puts there wins).
