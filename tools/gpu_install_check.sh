@@ -11,9 +11,10 @@
 # shared/device/upstream-te.sh stages them: the pure-Python wheel, the cu13 core wheel, the
 # transformer_engine_torch sdist and upstream's small runtime wheels), the CUTLASS wheel in
 # build/artifacts with every runtime dependency of upstream's that neither the stage nor the
-# system Python holds (on the H200 of 2026-12-02: importlib-metadata and zipp, added with
-# `pip download -d build/artifacts --only-binary=:all: --python-version 3.12 --no-deps
-# importlib-metadata zipp` on a machine with network; every wheel there joins the folder), a CUDA build of PyTorch with nvcc, and the build tools (setuptools, wheel,
+# system Python holds (on the H200 of 2026-12-02: importlib-metadata; the artifacts step names
+# them, `python -m build_tools.offline_deps`; fetch them into build/artifacts with
+# `pip download -d build/artifacts --only-binary=:all: --python-version 3.12 ...` on a machine
+# with network: every wheel there joins the folder), a CUDA build of PyTorch with nvcc, and the build tools (setuptools, wheel,
 # cmake, ninja, pybind11) in the system Python, which the environment sees
 # (--system-site-packages: PyTorch is not reinstalled). Upstream TE's staged environment
 # (/tmp/te-env.sh) must NOT be sourced: the install is what is tested.
