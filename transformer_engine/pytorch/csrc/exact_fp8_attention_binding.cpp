@@ -12,10 +12,9 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
+#include "exact_fp8_binding_util.h"
 #include "transformer_engine/exact_fp8_attention_sm90.h"
 #endif
 
@@ -56,26 +55,8 @@ NVTEExactFP8AttentionSm90Args attention_args(
   return a;
 }
 
-/* A bf16 [batch, seqlen, heads, head_dim] view (element strides). */
-NVTEExactFP8TokenView bf16_view(uintptr_t data, int64_t batch, int64_t seqlen, int64_t heads,
-                                int64_t head_dim, int64_t stride_batch, int64_t stride_seq,
-                                int64_t stride_head) {
-  return NVTEExactFP8TokenView{reinterpret_cast<const void *>(data),
-                               NVTE_EXACT_FP8_BFLOAT16,
-                               batch,
-                               seqlen,
-                               heads,
-                               head_dim,
-                               stride_batch,
-                               stride_seq,
-                               stride_head};
-}
-
 void check(NVTEExactFP8Status status) {
-  if (status == NVTE_EXACT_FP8_SUCCESS) return;
-  const std::string message = nvte_exact_fp8_attention_sm90_last_error();
-  if (status == NVTE_EXACT_FP8_INVALID_ARGUMENT) throw py::value_error(message);
-  throw std::runtime_error(message);
+  exact_fp8_binding::raise_on_failure(status, nvte_exact_fp8_attention_sm90_last_error);
 }
 
 }  // namespace
@@ -117,10 +98,11 @@ void register_exact_fp8_attention(py::module_ &m) {
          int64_t vt_width, int64_t num_chunks, bool causal, float softmax_scale,
          bool fp8_v_everywhere, uintptr_t stream) {
         NVTEExactFP8AttentionSm90QuantizingArgs a{};
-        a.q = bf16_view(q, batch, seqlen_q, heads, head_dim, q_stride_batch, q_stride_seq,
-                        q_stride_head);
-        a.k = bf16_view(k, batch, seqlen_kv, heads_kv, head_dim, k_stride_batch, k_stride_seq,
-                        k_stride_head);
+        using exact_fp8_binding::token_view;
+        a.q = token_view(q, NVTE_EXACT_FP8_BFLOAT16, batch, seqlen_q, heads, head_dim,
+                         q_stride_batch, q_stride_seq, q_stride_head);
+        a.k = token_view(k, NVTE_EXACT_FP8_BFLOAT16, batch, seqlen_kv, heads_kv, head_dim,
+                         k_stride_batch, k_stride_seq, k_stride_head);
         a.use_power_2_scales = use_power_2_scales ? 1 : 0;
         a.amax_epsilon = amax_epsilon;
         a.attention = attention_args(q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v,

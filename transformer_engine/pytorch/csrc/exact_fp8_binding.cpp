@@ -8,8 +8,8 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <string>
 
+#include "exact_fp8_binding_util.h"
 #include "transformer_engine/exact_fp8_quantize.h"
 
 namespace py = pybind11;
@@ -27,24 +27,7 @@ T *as_ptr(uintptr_t address) {
 cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
 void check(NVTEExactFP8Status status) {
-  if (status == NVTE_EXACT_FP8_SUCCESS) return;
-  const std::string message = nvte_exact_fp8_last_error();
-  if (status == NVTE_EXACT_FP8_INVALID_ARGUMENT) throw py::value_error(message);
-  throw std::runtime_error(message);
-}
-
-NVTEExactFP8TokenView token_view(uintptr_t data, int dtype, int64_t batch, int64_t seqlen,
-                                 int64_t heads, int64_t head_dim, int64_t stride_batch,
-                                 int64_t stride_seq, int64_t stride_head) {
-  return NVTEExactFP8TokenView{as_ptr<const void>(data),
-                               static_cast<NVTEExactFP8DType>(dtype),
-                               batch,
-                               seqlen,
-                               heads,
-                               head_dim,
-                               stride_batch,
-                               stride_seq,
-                               stride_head};
+  exact_fp8_binding::raise_on_failure(status, nvte_exact_fp8_last_error);
 }
 
 NVTEExactFP8Chunks chunks(uintptr_t cu_seqlens, uintptr_t cu_chunks, int64_t num_seqs,
@@ -69,7 +52,7 @@ PYBIND11_MODULE(transformer_engine_exact_fp8, m) {
   py::class_<NVTEExactFP8TokenView>(m, "TokenView",
                                     "A [batch, seqlen, heads, head_dim] device view (element "
                                     "strides; head_dim contiguous).")
-      .def(py::init(&token_view), py::arg("data"), py::arg("dtype"), py::arg("batch"),
+      .def(py::init(&exact_fp8_binding::token_view), py::arg("data"), py::arg("dtype"), py::arg("batch"),
            py::arg("seqlen"), py::arg("heads"), py::arg("head_dim"), py::arg("stride_batch"),
            py::arg("stride_seq"), py::arg("stride_head"));
 
