@@ -128,6 +128,17 @@ def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
         assert dense.tolist() == columns
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("seqlen", [1, 15, 16, 128, 200, 256])
+def test_dense_needs_alignment_exactly_when_a_sample_starts_off_the_grid(batch, seqlen):
+    starts = [n * seqlen for n in range(batch + 1)]
+    off_grid = any(x % vt_layout.ALIGN_COLUMNS for x in starts[:-1])
+    assert vt_layout.dense_needs_alignment(batch, seqlen) == off_grid
+    # without it every sample's first column is already where the aligned layout puts it
+    same_starts = vt_layout.aligned_column_starts_list(starts)[:batch] == starts[:batch]
+    assert same_starts != vt_layout.dense_needs_alignment(batch, seqlen)
+
+
 # V8^T as the attention launcher lays it out (_quantize_v): sequences on 16-aligned columns
 
 

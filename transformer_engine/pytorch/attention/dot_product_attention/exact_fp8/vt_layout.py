@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGN_COLUMNS", "aligned_column_starts", "aligned_column_starts_list",
-    "aligned_width_bound", "dense_column_starts", "dense_offsets", "KEY_ORDERS",
+    "aligned_width_bound", "dense_column_starts", "dense_needs_alignment", "dense_offsets",
+    "KEY_ORDERS",
     "SM90_PV_KEY_ORDER", "key_order_columns",
 ]  # fmt: skip
 
@@ -73,6 +74,12 @@ def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
     a host sync."""
     slots = (starts[1:] - starts[:-1] + ALIGN_COLUMNS - 1) // ALIGN_COLUMNS * ALIGN_COLUMNS
     return F.pad(torch.cumsum(slots, 0, dtype=torch.int32), (1, 0))
+
+
+def dense_needs_alignment(batch: int, seqlen: int) -> bool:
+    """Whether a dense V8^T needs the aligned layout: sample n's first token n * seqlen is off
+    the ALIGN_COLUMNS grid (batch > 1 and seqlen % ALIGN_COLUMNS != 0)."""
+    return batch > 1 and seqlen % ALIGN_COLUMNS != 0
 
 
 def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: bool):

@@ -25,7 +25,7 @@ from .. import quantize
 from ..formats import KV_TILE, V_CHUNK_CURRENT, check_recipe
 from ..kernels import device_capability
 from ..masks import QKV_FORMATS, check_mask_type
-from ..vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
+from ..vt_layout import dense_column_starts, dense_needs_alignment, dense_offsets
 
 __all__ = [
     "HEAD_DIMS",
@@ -153,7 +153,7 @@ _WORKSPACE_ALIGN = 256
 
 @functools.lru_cache(maxsize=256)
 def _workspace(batch, s_q, s_kv, heads, heads_kv, d) -> _Workspace:
-    aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0
+    aligned = dense_needs_alignment(batch, s_kv)
     width, num_chunks = quantize.dense_transposed_sizes(batch, s_kv, V_CHUNK_CURRENT, aligned)
     t_q, t_kv = batch * s_q, batch * s_kv
     sizes = (heads * t_q * d, heads * t_q * 4, heads_kv * t_kv * d, heads_kv * t_kv * 4,
@@ -260,7 +260,7 @@ def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
     batch, s_kv = k.shape[0], k.shape[1]
     q8, q_scale = _query_fp8(q, q_fp8, cast)
     k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
-    aligned = batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n's first column on the 16-grid
+    aligned = dense_needs_alignment(batch, s_kv)
     # The kernel's P fragment holds its keys in SM90_PV_KEY_ORDER (softmax.h, p_to_fp8_operand).
     v8t, v_scale, cu_chunks = quantize.per_chunk_cast_to_fp8_transposed(
         v, chunk=V_CHUNK_CURRENT, aligned_columns=aligned, key_order="sm90_pv", **cast

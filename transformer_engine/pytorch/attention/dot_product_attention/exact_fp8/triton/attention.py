@@ -29,7 +29,7 @@ from .launch import CompiledLauncher
 from .masking import UNBOUNDED
 from .. import quantize
 from ..masks import QKV_FORMATS, check_mask_type
-from ..vt_layout import ALIGN_COLUMNS, dense_column_starts, dense_offsets
+from ..vt_layout import dense_column_starts, dense_needs_alignment, dense_offsets
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -216,11 +216,7 @@ def _sequences(
         return _dense_sequences(batch, s_q, s_kv, device)
     cu_q = _dense_lengths(cu_q, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv, batch, s_kv, device)
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, _align_v(batch, s_kv))
-
-
-def _align_v(batch: int, s_kv: int) -> bool:
-    return batch > 1 and s_kv % ALIGN_COLUMNS != 0  # sample n starts at token n * s_kv
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv))
 
 
 def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _Sequences:
@@ -234,7 +230,7 @@ def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _
 
 def _build_dense_sequences(batch, s_q, s_kv, device):
     cu_q, cu_kv = dense_offsets(batch, s_q, device), dense_offsets(batch, s_kv, device)
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, _align_v(batch, s_kv))
+    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv))
 
 
 _cached_dense_sequences = functools.lru_cache(maxsize=64)(_build_dense_sequences)
