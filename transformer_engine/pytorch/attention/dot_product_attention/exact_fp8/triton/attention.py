@@ -216,7 +216,9 @@ def _sequences(
         return _dense_sequences(batch, s_q, s_kv, device)
     cu_q = _dense_lengths(cu_q, batch, s_q, device)
     cu_kv = _dense_lengths(cu_kv, batch, s_kv, device)
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv))
+    return _Sequences(
+        batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv)
+    )
 
 
 def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _Sequences:
@@ -230,7 +232,9 @@ def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _
 
 def _build_dense_sequences(batch, s_q, s_kv, device):
     cu_q, cu_kv = dense_offsets(batch, s_q, device), dense_offsets(batch, s_kv, device)
-    return _Sequences(batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv))
+    return _Sequences(
+        batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv)
+    )
 
 
 _cached_dense_sequences = functools.lru_cache(maxsize=64)(_build_dense_sequences)
