@@ -305,20 +305,52 @@ def test_dense_v_offsets_are_cached_per_shape_and_fresh_under_capture(monkeypatc
 
     monkeypatch.setattr(attention, "dense_offsets", offsets)
     monkeypatch.setattr(attention, "dense_column_starts", columns)
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     cuda = torch.device("cuda", 0)
-    pair = attention._dense_v_offsets(3, 203, cuda, True)
+    pair = attention._dense_v_offsets(3, 203, cuda, True, False)
     assert built == [(3, 2, cuda), (3, 208, cuda)]  # ceil(203 / 128) chunks, 16-aligned columns
-    assert attention._dense_v_offsets(3, 203, cuda, True) is pair and len(built) == 2
-    attention._dense_v_offsets(3, 203, cuda, False)
+    assert attention._dense_v_offsets(3, 203, cuda, True, False) is pair and len(built) == 2
+    attention._dense_v_offsets(3, 203, cuda, False, False)
     assert built[-1] == (3, 203, cuda) and len(built) == 4
-    assert attention._dense_v_offsets(3, 203, torch.device("cuda", 1), True) is not pair
-    capturing[0] = True  # a capture builds fresh offsets (filled by the graph's replays)
-    n = len(built)
-    assert attention._dense_v_offsets(3, 203, cuda, True) is not pair and len(built) == n + 2
-    capturing[0] = False
-    assert attention._dense_v_offsets(3, 203, cuda, True) is pair
+    assert attention._dense_v_offsets(3, 203, torch.device("cuda", 1), True, False) is not pair
+    n = len(built)  # a capture builds fresh offsets (filled by the graph's replays)
+    assert attention._dense_v_offsets(3, 203, cuda, True, True) is not pair
+    assert len(built) == n + 2
+    assert attention._dense_v_offsets(3, 203, cuda, True, False) is pair
+
+
+def test_small_calls_reuse_one_buffer_per_device_stream_and_thread(monkeypatch):
+    """_workspace_buffer: a small call gets its (device, stream, thread)'s buffer back, grown
+    when a larger small call needs more; a large call and a call under capture get a fresh one."""
+    import threading
+
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (
+        attention,
+    )
+
+    monkeypatch.setattr(attention, "_small_buffers", {})
+    stream = [7]
+    monkeypatch.setattr(attention.quantize, "_raw_stream", lambda index: stream[0])
+    cpu = torch.device("cpu")  # stands in for the GPU: the logic does not look at the device
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    get = attention._workspace_buffer
+    first = get(1000, cpu, False)
+    assert first.numel() == 1000 and first.dtype == torch.uint8
+    assert get(600, cpu, False) is first  # smaller: the same buffer
+    grown = get(5000, cpu, False)
+    assert grown is not first and grown.numel() == 5000 and get(1000, cpu, False) is grown
+    assert get(1000, cpu, True) is not grown  # under capture: fresh
+    big = attention.SMALL_WORKSPACE_BYTES + 1
+    assert get(big, cpu, False).numel() == big and get(1000, cpu, False) is grown
+    stream[0] = 9  # another stream: its own buffer
+    other = get(1000, cpu, False)
+    assert other is not grown
+    stream[0] = 7
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(get(1000, cpu, False)))
+    worker.start()
+    worker.join()
+    assert seen[0] is not grown and get(1000, cpu, False) is grown  # another thread: its own
+    assert len(attention._small_buffers) == 3
 
 
 def test_v_cast_outputs_unchanged_by_the_size_cache():

@@ -39,6 +39,13 @@ inline bool is_vectorizable(const NVTEExactFP8TokenView &x) {
 cudaError_t launch_rowwise_cast(RowRule rule, const NVTEExactFP8TokenView &x, ScaleOptions opts,
                                 uint8_t *data, void *scales, cudaStream_t stream);
 
+/* launch_rowwise_cast(kPerToken) of a and of b in one launch (attention's Q and K): the views'
+ * dtype, head_dim and batch alike (the caller checks). */
+cudaError_t launch_per_token_cast_pair(const NVTEExactFP8TokenView &a, uint8_t *data_a,
+                                       float *scale_inv_a, const NVTEExactFP8TokenView &b,
+                                       uint8_t *data_b, float *scale_inv_b, ScaleOptions opts,
+                                       cudaStream_t stream);
+
 /* v -> data_t [heads, head_dim, data_t_stride] (E4M3 bytes) and scale_inv [heads, num_chunks]
  * fp32: one current scale per (head, chunk). */
 cudaError_t launch_current_cast_transposed(const NVTEExactFP8TokenView &v,

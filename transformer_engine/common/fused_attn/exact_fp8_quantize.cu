@@ -161,6 +161,36 @@ NVTEExactFP8Status nvte_exact_fp8_per_token_cast(const NVTEExactFP8TokenView *x,
   });
 }
 
+NVTEExactFP8Status nvte_exact_fp8_per_token_cast_pair(const NVTEExactFP8TokenView *a, void *data_a,
+                                                      float *scale_inv_a,
+                                                      const NVTEExactFP8TokenView *b, void *data_b,
+                                                      float *scale_inv_b, int use_power_2_scales,
+                                                      float amax_epsilon, cudaStream_t stream) {
+  constexpr const char *kName = "nvte_exact_fp8_per_token_cast_pair";
+  return ef::guarded(kName, [&]() {
+    std::string err = ef::check_view(a);
+    if (err.empty()) err = ef::check_view(b);
+    if (err.empty()) err = ef::check_current_head_dim(a->head_dim);
+    if (err.empty() && (a->dtype != b->dtype || a->head_dim != b->head_dim ||
+                        a->batch != b->batch)) {
+      err = "a and b must have the same dtype, head_dim and batch";
+    }
+    const bool any_a = err.empty() && a->batch * a->seqlen > 0;
+    const bool any_b = err.empty() && b->batch * b->seqlen > 0;
+    if (err.empty()) err = ef::check_output(data_a, any_a, "data_a");
+    if (err.empty()) err = ef::check_output(scale_inv_a, any_a, "scale_inv_a");
+    if (err.empty()) err = ef::check_output(data_b, any_b, "data_b");
+    if (err.empty()) err = ef::check_output(scale_inv_b, any_b, "scale_inv_b");
+    if (!err.empty()) return ef::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, kName, err);
+    const ScaleOptions opts{use_power_2_scales != 0, amax_epsilon};
+    return ef::finish(ef::launch_per_token_cast_pair(*a, static_cast<uint8_t *>(data_a),
+                                                     scale_inv_a, *b,
+                                                     static_cast<uint8_t *>(data_b), scale_inv_b,
+                                                     opts, stream),
+                      kName);
+  });
+}
+
 NVTEExactFP8Status nvte_exact_fp8_per_block_cast_mxfp8_rowwise(const NVTEExactFP8TokenView *x,
                                                                void *data, uint8_t *scales,
                                                                cudaStream_t stream) {

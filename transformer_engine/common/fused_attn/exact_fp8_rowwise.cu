@@ -17,6 +17,7 @@ namespace {
 constexpr int kRowsPerThread = 4;  // independent 16-byte loads in flight per thread
 constexpr int kThreadsPerBlock = 256;
 constexpr int kMaxThreadsPerBlock = 1024;
+constexpr int64_t kMaxGridY = 65535;  // the grid's head axis
 
 struct RowwiseParams {
   const void *x;  // [batch, seqlen, heads, head_dim] view, element strides below
@@ -36,14 +37,25 @@ __device__ __forceinline__ void store_vec8_e4m3(uint8_t *dst, const float *x, fl
       make_uint2(cast4_to_e4m3(x, multiplier), cast4_to_e4m3(x + 4, multiplier));
 }
 
+/* One launch casts one tensor, or two of the same dtype, head_dim and batch (attention's Q and
+ * K): blockIdx.y < heads0 is a head of part[0], the rest of part[1]. */
+struct RowwisePair {
+  RowwiseParams part[2];
+  int heads0;  // heads of part[0]; part[1] is never read when it has no head
+};
+
 /* Block: blockDim.x = head_dim / 8 lanes hold one (token, head) row, one 16-byte vector each;
- * blockDim.y rows; a thread handles kRowsPerThread tokens. Grid: (tokens of a sample, head,
- * sample), so no index needs a division. */
+ * blockDim.y rows; a thread handles kRowsPerThread tokens. Grid: (tokens of the longer
+ * sequence, heads of both parts, sample), so no index needs a division. */
 template <typename T, RowRule kRule, bool kVectorized>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) rowwise_cast_kernel(const RowwiseParams p) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rowwise_cast_kernel(const __grid_constant__ RowwisePair pair) {
+  const bool second = static_cast<int>(blockIdx.y) >= pair.heads0;
+  const RowwiseParams &p = pair.part[second];  // read in place from the parameter space
   const int lane = threadIdx.x;
-  const int head = blockIdx.y;
+  const int head = blockIdx.y - (second ? pair.heads0 : 0);
   const int64_t sample = blockIdx.z;
+  if (blockIdx.x * kRowsPerThread * blockDim.y >= p.seqlen) return;  // the shorter part's tail
   const T *src = static_cast<const T *>(p.x) + sample * p.stride_batch + head * p.stride_head +
                  lane * kVecElems;
   const int first = blockIdx.x * kRowsPerThread * blockDim.y + threadIdx.y;
@@ -94,19 +106,50 @@ int rows_per_block(int lanes) {
 }
 
 template <typename T, RowRule kRule>
-cudaError_t launch_typed(const RowwiseParams &p, bool vectorized, int64_t batch, int64_t heads,
-                         cudaStream_t stream) {
-  const int lanes = p.head_dim / kVecElems;
+cudaError_t launch_typed(const RowwisePair &pair, int64_t seqlen, bool vectorized, int64_t batch,
+                         int64_t heads, cudaStream_t stream) {
+  const int lanes = pair.part[0].head_dim / kVecElems;
   const dim3 block(lanes, rows_per_block(lanes));
   const int tokens_per_block = block.y * kRowsPerThread;
-  const dim3 grid((p.seqlen + tokens_per_block - 1) / tokens_per_block,
+  const dim3 grid((seqlen + tokens_per_block - 1) / tokens_per_block,
                   static_cast<unsigned>(heads), static_cast<unsigned>(batch));
   if (vectorized) {
-    rowwise_cast_kernel<T, kRule, true><<<grid, block, 0, stream>>>(p);
+    rowwise_cast_kernel<T, kRule, true><<<grid, block, 0, stream>>>(pair);
   } else {
-    rowwise_cast_kernel<T, kRule, false><<<grid, block, 0, stream>>>(p);
+    rowwise_cast_kernel<T, kRule, false><<<grid, block, 0, stream>>>(pair);
   }
   return cudaGetLastError();
+}
+
+RowwiseParams rowwise_params(const NVTEExactFP8TokenView &x, ScaleOptions opts, uint8_t *data,
+                             void *scales) {
+  return RowwiseParams{x.data,
+                       x.stride_batch,
+                       x.stride_seq,
+                       x.stride_head,
+                       static_cast<int>(x.seqlen),
+                       x.batch * x.seqlen,
+                       static_cast<int>(x.head_dim),
+                       data,
+                       scales,
+                       opts};
+}
+
+/* One launch for the pair (the views' dtype, head_dim and batch alike: the callers check). */
+cudaError_t launch_pair(RowRule rule, const RowwisePair &pair, NVTEExactFP8DType dtype,
+                        int64_t seqlen, bool vectorized, int64_t batch, int64_t heads,
+                        cudaStream_t stream) {
+  const bool bf16 = dtype == NVTE_EXACT_FP8_BFLOAT16;
+  if (rule == RowRule::kPerToken) {
+    return bf16 ? launch_typed<__nv_bfloat16, RowRule::kPerToken>(pair, seqlen, vectorized, batch,
+                                                                  heads, stream)
+                : launch_typed<__half, RowRule::kPerToken>(pair, seqlen, vectorized, batch, heads,
+                                                           stream);
+  }
+  return bf16 ? launch_typed<__nv_bfloat16, RowRule::kMxfp8>(pair, seqlen, vectorized, batch,
+                                                             heads, stream)
+              : launch_typed<__half, RowRule::kMxfp8>(pair, seqlen, vectorized, batch, heads,
+                                                      stream);
 }
 
 }  // namespace
@@ -114,27 +157,32 @@ cudaError_t launch_typed(const RowwiseParams &p, bool vectorized, int64_t batch,
 cudaError_t launch_rowwise_cast(RowRule rule, const NVTEExactFP8TokenView &x, ScaleOptions opts,
                                 uint8_t *data, void *scales, cudaStream_t stream) {
   if (x.batch == 0 || x.seqlen == 0) return cudaSuccess;
-  const RowwiseParams p{x.data,
-                        x.stride_batch,
-                        x.stride_seq,
-                        x.stride_head,
-                        static_cast<int>(x.seqlen),
-                        x.batch * x.seqlen,
-                        static_cast<int>(x.head_dim),
-                        data,
-                        scales,
-                        opts};
-  const bool vectorized = is_vectorizable(x);
-  const bool bf16 = x.dtype == NVTE_EXACT_FP8_BFLOAT16;
-  if (rule == RowRule::kPerToken) {
-    return bf16 ? launch_typed<__nv_bfloat16, RowRule::kPerToken>(p, vectorized, x.batch,
-                                                                  x.heads, stream)
-                : launch_typed<__half, RowRule::kPerToken>(p, vectorized, x.batch, x.heads,
-                                                           stream);
+  const RowwiseParams p = rowwise_params(x, opts, data, scales);
+  const RowwisePair pair{{p, p}, static_cast<int>(x.heads)};
+  return launch_pair(rule, pair, x.dtype, x.seqlen, is_vectorizable(x), x.batch, x.heads, stream);
+}
+
+cudaError_t launch_per_token_cast_pair(const NVTEExactFP8TokenView &a, uint8_t *data_a,
+                                       float *scale_inv_a, const NVTEExactFP8TokenView &b,
+                                       uint8_t *data_b, float *scale_inv_b, ScaleOptions opts,
+                                       cudaStream_t stream) {
+  if (a.batch == 0 || (a.seqlen == 0 && b.seqlen == 0)) return cudaSuccess;
+  if (a.seqlen == 0) return launch_rowwise_cast(RowRule::kPerToken, b, opts, data_b, scale_inv_b,
+                                                stream);
+  if (b.seqlen == 0) return launch_rowwise_cast(RowRule::kPerToken, a, opts, data_a, scale_inv_a,
+                                                stream);
+  if (a.heads + b.heads > kMaxGridY) {  // one grid cannot hold both parts' heads
+    const cudaError_t err = launch_rowwise_cast(RowRule::kPerToken, a, opts, data_a, scale_inv_a,
+                                                stream);
+    if (err != cudaSuccess) return err;
+    return launch_rowwise_cast(RowRule::kPerToken, b, opts, data_b, scale_inv_b, stream);
   }
-  return bf16 ? launch_typed<__nv_bfloat16, RowRule::kMxfp8>(p, vectorized, x.batch, x.heads,
-                                                             stream)
-              : launch_typed<__half, RowRule::kMxfp8>(p, vectorized, x.batch, x.heads, stream);
+  const RowwisePair pair{
+      {rowwise_params(a, opts, data_a, scale_inv_a), rowwise_params(b, opts, data_b, scale_inv_b)},
+      static_cast<int>(a.heads)};
+  const int64_t seqlen = a.seqlen > b.seqlen ? a.seqlen : b.seqlen;
+  return launch_pair(RowRule::kPerToken, pair, a.dtype, seqlen,
+                     is_vectorizable(a) && is_vectorizable(b), a.batch, a.heads + b.heads, stream);
 }
 
 }  // namespace exact_fp8

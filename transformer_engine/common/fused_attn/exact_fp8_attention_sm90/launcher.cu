@@ -200,15 +200,12 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
   }
   if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
   const int pow2 = args->use_power_2_scales;
-  NVTEExactFP8Status st = nvte_exact_fp8_per_token_cast(
-      &args->q, pow2, args->amax_epsilon, const_cast<void *>(a.q8),
-      const_cast<float *>(a.q_scale), stream);
-  if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q cast");
+  // Q and K in one launch (K's part is empty when seqlen_kv is 0)
+  NVTEExactFP8Status st = nvte_exact_fp8_per_token_cast_pair(
+      &args->q, const_cast<void *>(a.q8), const_cast<float *>(a.q_scale), &args->k,
+      const_cast<void *>(a.k8), const_cast<float *>(a.k_scale), pow2, args->amax_epsilon, stream);
+  if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q and K casts");
   if (a.seqlen_kv > 0) {
-    st = nvte_exact_fp8_per_token_cast(&args->k, pow2, args->amax_epsilon,
-                                       const_cast<void *>(a.k8), const_cast<float *>(a.k_scale),
-                                       stream);
-    if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the K cast");
     const NVTEExactFP8TokenView v = s::contiguous_v(a);
     const bool aligned = a.batch > 1 && a.seqlen_kv % 16 != 0;  // the header's cu_vt rule
     const NVTEExactFP8Chunks chunks{nullptr,      a.cu_chunks, a.batch,

@@ -109,6 +109,17 @@ NVTEExactFP8Status nvte_exact_fp8_per_token_cast(const NVTEExactFP8TokenView *x,
                                                  cudaStream_t stream);
 
 /*
+ * nvte_exact_fp8_per_token_cast of a and of b in one kernel launch (attention's Q and K: the
+ * host time of small calls). a and b: the same dtype, head_dim and batch (their seqlen and heads
+ * may differ); each with its own outputs, as nvte_exact_fp8_per_token_cast takes them.
+ */
+NVTEExactFP8Status nvte_exact_fp8_per_token_cast_pair(const NVTEExactFP8TokenView *a, void *data_a,
+                                                      float *scale_inv_a,
+                                                      const NVTEExactFP8TokenView *b, void *data_b,
+                                                      float *scale_inv_b, int use_power_2_scales,
+                                                      float amax_epsilon, cudaStream_t stream);
+
+/*
  * MXFP8 along head_dim: one E8M0 code per 32 consecutive channels of a (token, head).
  * x: head_dim a multiple of 32, at most 1024.
  * data:   [heads, tokens, head_dim] E4M3 bytes, 16-byte aligned.

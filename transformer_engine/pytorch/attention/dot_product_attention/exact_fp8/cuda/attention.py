@@ -10,13 +10,14 @@ naming what is not supported; the Triton backend runs it.
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
 V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel
-takes Q quantized (it does not cast Q itself yet). A call from bf16 inputs makes the three casts
-and the kernel launch in one extension call (attention_sm90_fwd_quantizing: one host round trip
-instead of four, for small calls) into a workspace; a call with q_fp8 quantizes K and V here.
+takes Q quantized (it does not cast Q itself yet). A call from bf16 inputs makes the casts (Q and
+K in one launch, V) and the kernel launch in one extension call (attention_sm90_fwd_quantizing:
+one host round trip, for small calls) into a workspace; a call with q_fp8 quantizes K and V here.
 """
 
 import functools
 import inspect
+import threading
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -165,11 +166,11 @@ def _workspace(batch, s_q, s_kv, heads, heads_kv, d) -> _Workspace:
     return _Workspace(end, *offsets, width, num_chunks, aligned)
 
 
-def _dense_v_offsets(batch, s_kv, device, aligned):
+def _dense_v_offsets(batch, s_kv, device, aligned, capturing):
     """(cu_chunks, cu_vt), [b + 1] int32 each, of a dense V8^T: vt_layout's per-shape cached
     tensors (read-only), looked up together; fresh ones while a CUDA graph is being captured
     (vt_layout.dense_offsets says why)."""
-    if torch.cuda.is_current_stream_capturing():
+    if capturing:
         return _v_offsets(batch, s_kv, device, aligned)
     return _cached_v_offsets(batch, s_kv, device, aligned)
 
@@ -182,16 +183,41 @@ def _v_offsets(batch, s_kv, device, aligned):
 _cached_v_offsets = functools.lru_cache(maxsize=64)(_v_offsets)
 
 
+# A call whose operands take at most this many bytes (b * s * h * d up to about 2^21 at d = 128)
+# quantizes into a buffer kept for its (device, stream, host thread) instead of a fresh one.
+SMALL_WORKSPACE_BYTES = 8 << 20
+_small_buffers = {}  # (device index, raw stream, thread id) -> uint8 buffer, grown as needed
+
+
+def _workspace_buffer(nbytes: int, device: torch.device, capturing: bool) -> torch.Tensor:
+    """The uint8 buffer of one call's operands. A small call reuses its stream's buffer: the
+    previous call on that stream has read it before this call's casts write it (stream order),
+    and one host thread's launches never interleave with another's between the casts and the
+    kernel. Fresh (the stream-ordered allocator frees it once the kernels are done) for a large
+    call and while a CUDA graph is being captured (the graph's pool owns its buffers)."""
+    if capturing or nbytes > SMALL_WORKSPACE_BYTES:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, quantize._raw_stream(index), threading.get_ident())
+    buffer = _small_buffers.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = _small_buffers[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer
+
+
 def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon, leaky):
-    """quantize_operands and launch in one extension call (attention_sm90_fwd_quantizing), the
-    operands in a workspace freed on return (the stream-ordered allocator keeps it until the
-    kernels that read it are done). For the host time of small calls: same bytes."""
+    """quantize_operands and launch in one extension call (attention_sm90_fwd_quantizing: the Q
+    and K casts in one launch, the V cast, the kernel), the operands in a workspace
+    (_workspace_buffer). For the host time of small calls: same bytes."""
     batch, s_q, heads, d = q.shape
     s_kv, heads_kv = k.shape[1], k.shape[2]
     ws = _workspace(batch, s_q, s_kv, heads, heads_kv, d)
-    buffer = torch.empty(ws.nbytes, dtype=torch.uint8, device=q.device)
+    capturing = torch.cuda.is_current_stream_capturing()
+    # Held until the launches are enqueued: freed earlier, its memory could go to the offsets
+    # below (a fresh buffer under capture or for a large call).
+    buffer = _workspace_buffer(ws.nbytes, q.device, capturing)
     base = buffer.data_ptr()
-    cu_chunks, cu_vt = _dense_v_offsets(batch, s_kv, q.device, ws.aligned)
+    cu_chunks, cu_vt = _dense_v_offsets(batch, s_kv, q.device, ws.aligned, capturing)
     qs, ks = q.stride(), k.stride()
     if qs[3] != 1:  # the casts' views take d contiguous (any other strides)
         q = q.contiguous()
