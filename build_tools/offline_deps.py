@@ -42,11 +42,16 @@ def declared_requirements(artifact_path: Path) -> List[Requirement]:
     return [Requirement(r) for r in message.get_all("Requires-Dist") or []]
 
 
-def runtime_requirements(requirements: Iterable[Requirement]) -> List[Requirement]:
-    """The requirements an install without extras must satisfy here (markers evaluated)."""
+def runtime_requirements(
+    requirements: Iterable[Requirement], extras: Iterable[str] = ()
+) -> List[Requirement]:
+    """The requirements an install with `extras` (none by default) must satisfy here (markers
+    evaluated: a requirement is kept when its marker holds without an extra or with one of
+    `extras`)."""
+    extras = ("",) + tuple(extras)
     kept = []
     for req in requirements:
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
             continue
         kept.append(req)
     return kept
@@ -81,14 +86,15 @@ def _spec(req: Requirement) -> str:
 def missing(requirements: Iterable[Requirement], folder: Path, pinned_names=()) -> List[str]:
     """The requirements that neither the environment nor a wheel in `folder` satisfies, and, for
     a requirement that a wheel of the folder satisfies, that wheel's own requirements likewise
-    (an installed package brings its own). The pinned upstream packages themselves are the
-    folder's by construction."""
+    (an installed package brings its own), with the extras the requirement asks for
+    (`nvidia-cutlass-dsl[cu13]` needs its cu13 libraries). The pinned upstream packages
+    themselves are the folder's by construction."""
     pinned_names = {canonicalize_name(n) for n in pinned_names}
     out, seen = set(), set()
     todo = list(requirements)
     while todo:
         req = todo.pop()
-        key = (canonicalize_name(req.name), str(req.specifier))
+        key = (canonicalize_name(req.name), str(req.specifier), tuple(sorted(req.extras)))
         if key in seen or key[0] in pinned_names:
             continue
         seen.add(key)
@@ -100,7 +106,7 @@ def missing(requirements: Iterable[Requirement], folder: Path, pinned_names=()) 
         if not wheels:
             out.add(_spec(req))
             continue
-        todo += runtime_requirements(declared_requirements(max(wheels)[1]))
+        todo += runtime_requirements(declared_requirements(max(wheels)[1]), req.extras)
     return sorted(out)
 
 

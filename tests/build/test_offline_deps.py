@@ -50,6 +50,19 @@ def test_missing_follows_the_folders_wheels_and_trusts_installed_packages(tmp_pa
     assert offline_deps.missing(reqs, tmp_path, pinned_names=["pinned_pkg"]) == ["absent[x]<2"]
 
 
+def test_missing_follows_the_extras_a_requirement_asks_for(tmp_path):
+    """nvidia-cudnn-frontend needs nvidia-cutlass-dsl[cu13]: the extra's libraries count too
+    (and an extra nobody asks for does not)."""
+    _wheel(tmp_path, "dsl", "4.8", ["dsl_base==4.8", 'dsl_cu13==4.8; extra == "cu13"',
+                                    'dsl_qnx==4.8; extra == "qnx"'])  # fmt: skip
+    _wheel(tmp_path, "dsl_base", "4.8")
+    reqs = [Requirement("dsl[cu13]>=4")]
+    assert offline_deps.missing(reqs, tmp_path) == ["dsl_cu13==4.8"]
+    assert offline_deps.missing([Requirement("dsl>=4")], tmp_path) == []
+    _wheel(tmp_path, "dsl_cu13", "4.8")
+    assert offline_deps.missing(reqs, tmp_path) == []
+
+
 def test_check_folder_reads_every_pinned_artifact(tmp_path, monkeypatch):
     pure = pinned.Artifact("pure", "pure-1-py3-none-any.whl", "0")
     core = pinned.Artifact("core", "core-1-py3-none-any.whl", "0")
