@@ -25,11 +25,14 @@ from . import REPO_ROOT, env, fetch
 
 MODULE_NAME = "transformer_engine_exact_fp8"
 CUDA_SOURCES = (
+    "transformer_engine/common/fused_attn/exact_fp8_driver.cu",
     "transformer_engine/common/fused_attn/exact_fp8_offsets.cu",
     "transformer_engine/common/fused_attn/exact_fp8_quantize.cu",
     "transformer_engine/common/fused_attn/exact_fp8_rowwise.cu",
+    "transformer_engine/common/fused_attn/exact_fp8_tensor_map.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed_current.cu",
+    "transformer_engine/common/fused_attn/exact_fp8_transposed_current_tma.cu",
 )
 # The sm90 attention forward: CuTe/CUTLASS, wgmma and TMA, so sm_90a only.
 SM90A_SOURCES = (

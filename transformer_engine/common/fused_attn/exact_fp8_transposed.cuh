@@ -87,22 +87,24 @@ struct ChunkSpan {
   int64_t src_offset;  // elements from the view's origin to the chunk's first token
   int64_t column;      // column of that token in data_t (its token index, or aligned)
   int len;             // tokens in the chunk (the last chunk of a sequence may be short; 0: none)
+  int sample;          // the view's (sample, token) coordinates of that token (a TMA box's)
+  int token;
 };
 
 template <int kChunk>
 __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
-  if (chunk >= p.num_chunks) return {0, 0, 0};  // past the last span's last chunk
+  if (chunk >= p.num_chunks) return {0, 0, 0, 0, 0};  // past the last span's last chunk
   if (p.cu_seqlens == nullptr) {
     const int sample = chunk / p.chunks_per_sample;
     const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
     const int64_t column0 =
         p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
     return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
-            min(kChunk, p.seqlen - first)};
+            min(kChunk, p.seqlen - first), sample, first};
   }
   // num_chunks may exceed the real count (a bound computed without reading cu_seqlens back):
   // chunks from cu_chunks[num_seqs] on hold no token.
-  if (chunk >= __ldg(p.cu_chunks + p.num_seqs)) return {0, 0, 0};
+  if (chunk >= __ldg(p.cu_chunks + p.num_seqs)) return {0, 0, 0, 0, 0};
   // The sequence of `chunk`: the last n with cu_chunks[n] <= chunk (skips empty sequences).
   int lo = 0;
   int hi = p.num_seqs - 1;
@@ -118,7 +120,7 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
   const int first = start + (chunk - __ldg(p.cu_chunks + lo)) * kChunk;
   const int end = __ldg(p.cu_seqlens + lo + 1);
   const int64_t column = p.columns != nullptr ? __ldg(p.columns + lo) + (first - start) : first;
-  return {first * p.stride_seq, column, min(kChunk, end - first)};
+  return {first * p.stride_seq, column, min(kChunk, end - first), 0, first};
 }
 
 /* Channel c (0..7) of a lane row, as fp32 (exact). */

@@ -21,11 +21,12 @@
  *    with its chunk's scale and writes each channel's 16 E4M3 bytes with one 16-byte store; one
  *    store instruction of a warp writes 128 contiguous bytes into each of 4 data_t rows.
  * Unaligned views (element loads) fill the tiles with ordinary loads instead of cp.async.
+ *
+ * The fallback of the TMA cast (exact_fp8_transposed_current_tma.cu, the same outputs bit for
+ * bit): it runs the views that no tensor map describes (unaligned data or strides), on drivers
+ * without tensor maps, and with NVTE_EXACT_FP8_V_CAST_TMA=0.
  */
-#include <atomic>
-#include <type_traits>
-
-#include "exact_fp8_transposed.cuh"
+#include "exact_fp8_transposed_current.cuh"
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -36,8 +37,6 @@ using namespace transposed;  // NOLINT(build/namespaces): the shared constants a
 constexpr int kStages = 3;        // tiles in the ring: copies run kStages - 1 items ahead
 constexpr int kRowsPerRound = 8;  // token rows that one copy per thread covers (head_dim / 8
                                   // threads per row, head_dim threads)
-constexpr int kMaxDevices = 64;   // devices whose launch shape is cached
-constexpr int kMaxHeadDim = 256;
 
 /* The block shape of a head dim. */
 template <int kHeadDim>
@@ -50,15 +49,6 @@ struct Shape {
   static constexpr int kBlocksPerSm = 256 / kHeadDim;  // what the ring lets fit: 8 warps per SM
 };
 static_assert(Shape<kMaxHeadDim>::kSmemBytes <= 200 * 1024, "the ring fits one SM");
-
-/* What a chunk of the span looks like to the cast: the chunks of one item, 0 tokens past the
- * last. */
-template <int kChunk>
-struct SpanChunks {
-  static constexpr int kCount = kSpanTokens / kChunk;
-  int64_t column[kCount];  // data_t column of each chunk's first token
-  int len[kCount];         // its tokens
-};
 
 /* Slot of the 16-byte piece `piece` of tile row `row`: the piece's index within its 128 bytes is
  * xor-ed with the row's 16-token group, so the 8 lanes that read rows g * 16 + j (g = 0..7) of
@@ -165,18 +155,6 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head, int c, bo
   return scale;
 }
 
-/* The 16 E4M3 bytes of one channel and 16-token group (word w: tokens 4 w .. 4 w + 3) in
- * NVTE_EXACT_FP8_KEYS_SM90_PV order: word q of the result holds tokens 2 q, 2 q + 1, 8 + 2 q,
- * 9 + 2 q (the keys that lane q of a quad holds in the sm90 kernel's P fragment), i.e. the
- * (q % 2)-th token pair of words q / 2 and 2 + q / 2. */
-__device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
-  const uint32_t natural[4] = {bytes[0], bytes[1], bytes[2], bytes[3]};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    bytes[q] = __byte_perm(natural[q / 2], natural[2 + q / 2], (q % 2) ? 0x7632u : 0x5410u);
-  }
-}
-
 /* Casts item `item` from `tile` ([128 rows x kPieces] 16-byte pieces, swizzled) into data_t
  * ([heads, head_dim, data_t_stride] E4M3): lane (channel group cg, token group g) of warp w takes
  * tokens 16 g .. 16 g + 15 of channels 32 w + 8 cg .. + 7. partial: [warps][chunks] fp32. */
@@ -256,31 +234,6 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kB
   }
 }
 
-/* Blocks of `kernel` that the device runs at once (its shared memory opted in first), cached
- * per device. */
-template <typename Kernel>
-cudaError_t resident_blocks(Kernel kernel, int threads, int smem_bytes,
-                            std::atomic<int> (&cache)[kMaxDevices], int *blocks) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices && (*blocks = cache[device].load(std::memory_order_relaxed)) > 0) {
-    return cudaSuccess;
-  }
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  int per_sm = 0;
-  int sms = 0;
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
-  }
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-  *blocks = per_sm * sms > 0 ? per_sm * sms : 1;
-  if (device < kMaxDevices) cache[device].store(*blocks, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
 template <typename T, int kHeadDim, int kChunk>
 cudaError_t launch_shaped(const ChunkParams &p, bool vectorized, cudaStream_t stream) {
   using S = Shape<kHeadDim>;
@@ -295,36 +248,6 @@ cudaError_t launch_shaped(const ChunkParams &p, bool vectorized, cudaStream_t st
   return cudaGetLastError();
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch_head_dim(const ChunkParams &p, int chunk, bool vectorized, cudaStream_t stream) {
-  auto pick = [&](auto chunk_tag) {
-    constexpr int kChunk = decltype(chunk_tag)::value;
-    return launch_shaped<T, kHeadDim, kChunk>(p, vectorized, stream);
-  };
-  switch (chunk) {
-    case 16:
-      return pick(std::integral_constant<int, 16>{});
-    case 32:
-      return pick(std::integral_constant<int, 32>{});
-    case 64:
-      return pick(std::integral_constant<int, 64>{});
-    default:
-      return pick(std::integral_constant<int, 128>{});
-  }
-}
-
-template <typename T>
-cudaError_t launch_typed(const ChunkParams &p, int chunk, bool vectorized, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64:
-      return launch_head_dim<T, 64>(p, chunk, vectorized, stream);
-    case 128:
-      return launch_head_dim<T, 128>(p, chunk, vectorized, stream);
-    default:
-      return launch_head_dim<T, kMaxHeadDim>(p, chunk, vectorized, stream);
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_current_cast_transposed(const NVTEExactFP8TokenView &v,
@@ -332,11 +255,13 @@ cudaError_t launch_current_cast_transposed(const NVTEExactFP8TokenView &v,
                                            uint8_t *data_t, int64_t data_t_stride, float *scale_inv,
                                            cudaStream_t stream) {
   const ChunkParams p = make_chunk_params(v, chunks, opts, data_t, data_t_stride, scale_inv);
+  const cudaError_t err = launch_current_cast_transposed_tma(v, p, chunks.chunk, stream);
+  if (err != cudaErrorNotSupported) return err;
   const bool vectorized = is_vectorizable(v);
-  if (v.dtype == NVTE_EXACT_FP8_BFLOAT16) {
-    return launch_typed<__nv_bfloat16>(p, chunks.chunk, vectorized, stream);
-  }
-  return launch_typed<__half>(p, chunks.chunk, vectorized, stream);
+  return dispatch_current(v.dtype, p.head_dim, chunks.chunk, [&](auto type, auto dim, auto size) {
+    using T = decltype(type);
+    return launch_shaped<T, decltype(dim)::value, decltype(size)::value>(p, vectorized, stream);
+  });
 }
 
 }  // namespace exact_fp8

@@ -6,35 +6,12 @@
  * therefore looks the function up through cudaGetDriverEntryPointByVersion on every call, a
  * host cost per descriptor that small attention calls feel. launcher.cu is compiled with
  * CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL, so CuTe calls the function by name, and this file
- * defines that name (hidden inside the module) as the driver's entry point, looked up once.
+ * defines that name (hidden inside the module) as the driver's entry point, looked up once
+ * (exact_fp8_driver.h).
  */
 #include <cuda.h>
-#include <cuda_runtime.h>
 
-#include <atomic>
-
-namespace {
-
-using EncodeTiled = decltype(&::cuTensorMapEncodeTiled);  // the driver's 12.0 signature
-
-/* The driver's function, looked up on first use (again after a failed lookup). */
-EncodeTiled encode_tiled() {
-  static std::atomic<EncodeTiled> cached{nullptr};
-  EncodeTiled fn = cached.load(std::memory_order_acquire);
-  if (fn != nullptr) return fn;
-  void *entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  fn = reinterpret_cast<EncodeTiled>(entry);
-  cached.store(fn, std::memory_order_release);
-  return fn;
-}
-
-}  // namespace
+#include "../exact_fp8_driver.h"
 
 extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeTiled(
     CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *address,
@@ -42,7 +19,7 @@ extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEnc
     const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
     CUtensorMapFloatOOBfill oob_fill) {
-  const EncodeTiled fn = encode_tiled();
+  const auto fn = transformer_engine::exact_fp8::tensor_map_encoder();
   if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
   return fn(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle,
             l2_promotion, oob_fill);
