@@ -82,7 +82,9 @@ step install 900 "cd '$ROOT' && NVTE_FORK_ARTIFACTS_DIR='$ARTIFACTS' NVTE_FORK_R
   NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=\$(nproc) CPATH='$CUDNN/include':/usr/include \
   '$VENV/bin/python' -m pip install --no-build-isolation --no-index --find-links '$ARTIFACTS' . &&
   '$VENV/bin/python' -m pip list 2> /dev/null | grep -i -E 'transformer|nvidia-cutlass'"
-RUNTIME="cd /tmp && LD_LIBRARY_PATH='$CUDNN/lib'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+# CUDNN_HOME: upstream's loader takes PyTorch's cuDNN, not the toolkit's older copy (which disables
+# TE's FusedAttention: CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED; docs/building.md)
+RUNTIME="cd /tmp && CUDNN_HOME='$CUDNN' LD_LIBRARY_PATH='$CUDNN/lib'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 step checks 120 "$RUNTIME '$VENV/bin/python' -m transformer_engine._fork_build_info &&
   $RUNTIME '$VENV/bin/python' - <<'PY'
 import sys
