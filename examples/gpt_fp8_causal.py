@@ -6,8 +6,10 @@ and check that the trained model is causal, bit for bit, through the whole model
 The model: token embedding -> N x te.pytorch.TransformerLayer(self_attn_mask_type="causal",
 attn_input_format="bshd") -> LayerNorm -> LM head. The data: synthetic sequences, each a random
 pattern of 8 to 32 tokens repeated, so that next-token prediction is learnable in context: the
-loss starts at ln(vocab) and drops as the model learns to copy the pattern (its first period,
-8 to 32 of the tokens, stays unpredictable).
+loss starts at ln(vocab) and drops once the model learns to copy the pattern (its first period,
+8 to 32 of the tokens, stays unpredictable). At the defaults 300 steps are not enough for that
+(on the H200 the loss went from 8.44 to 8.37, ln(vocab) = 8.32): the example shows the recipes,
+the speed and the causality check, not convergence; --steps trains longer.
 
 Recipes (--linear-recipe for the Linear layers of every TransformerLayer, --attention-recipe for
 its DotProductAttention; docs/te_integration.md, "A model that is causal end to end"):
@@ -33,6 +35,7 @@ import functools
 import math
 import sys
 import time
+import warnings
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -499,6 +502,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     print(f"GPU {torch.cuda.get_device_name()} (sm{capability[0]}{capability[1]})")
     print(f"recipes: {plan.describe()}")
+    # Upstream warns when a module's recipe type differs from its previous call's; the
+    # attention's own nested recipe does that by design (8 such warnings in a default run).
+    warnings.filterwarnings("ignore", message="Recipe type changed", category=UserWarning)
     torch.manual_seed(args.seed)
     model = build_te_model(args, plan)
     context = model_context(plan)
