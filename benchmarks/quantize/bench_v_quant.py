@@ -22,6 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under PYTHONSAFEPATH
 
 from bench_exact_fp8_quantize import _graph_seconds, report_main  # noqa: E402
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
