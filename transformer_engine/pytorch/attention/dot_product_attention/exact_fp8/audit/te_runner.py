@@ -193,12 +193,31 @@ def te_environment() -> List[str]:
     major, minor = torch.cuda.get_device_capability()
     cudnn = ".".join(str(x) for x in te.get_cudnn_version())
     fork = "fork (fp8_dpa_mask_exact present)" if _has_mask_exact_field() else "upstream (no field)"
-    return [
+    lines = [
         f"gpu={torch.cuda.get_device_name()} (sm{major}{minor})  cuda={torch.version.cuda}",
         f"transformer_engine={transformer_engine.__version__} {fork}  cudnn={cudnn}"
         f"  triton={triton_version}",
         f"through DotProductAttention, eval, no_grad, {DETERMINISM_ENV}=0",
     ]
+    note = older_cudnn_note(tuple(te.get_cudnn_version()), torch.backends.cudnn.version())
+    return lines + ([note] if note else [])
+
+
+def older_cudnn_note(te_cudnn: Tuple[int, ...], torch_cudnn: Optional[int]) -> Optional[str]:
+    """A header line when TE loaded an older cuDNN than PyTorch's (torch's version as
+    torch.backends.cudnn.version() encodes it, 91900 for 9.19.0): upstream TE takes the system's
+    copy first, and an older one can disable its FusedAttention (docs/building.md)."""
+    if not torch_cudnn:
+        return None
+    torch_tuple = (torch_cudnn // 10000, torch_cudnn // 100 % 100, torch_cudnn % 100)
+    if tuple(te_cudnn[:3]) >= torch_tuple:
+        return None
+    have = ".".join(map(str, te_cudnn[:3]))
+    want = ".".join(map(str, torch_tuple))
+    return (
+        f"note: TE loaded cuDNN {have}, older than PyTorch's {want}: TE's BF16 attention may run"
+        " unfused; set CUDNN_HOME to PyTorch's cuDNN (docs/building.md)"
+    )
 
 
 def _recipe_context(plan: TePathPlan):
