@@ -187,15 +187,7 @@ __device__ void cast_item(const ChunkParams &p, int64_t item, const uint4 *tile,
     rows[j][3] = raw.w;
   }
   const int channel = warp * kChannelsPerWarp + channels * kChannelsPerLane;
-  const int64_t column = chunks.column[c] + first;
-  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;  // a complete 16-token group
-#pragma unroll
-  for (int ch = 0; ch < kChannelsPerLane; ++ch) {
-    uint32_t bytes[4];
-    cast_channel<T>(rows, ch, scale, bytes);
-    if (permute) to_sm90_pv_key_order(bytes);
-    store_channel(p, head, channel + ch, column, valid, bytes);
-  }
+  cast_and_store_lane<T>(p, head, rows, scale, channel, chunks.column[c] + first, valid);
 }
 
 /* Grid: persistent blocks (what fits on the device, at most one per item); `items`: spans x

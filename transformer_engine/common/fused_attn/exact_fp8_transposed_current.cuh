@@ -41,6 +41,24 @@ __device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
   }
 }
 
+/* A lane's 8 channels from `channel` on, its `valid` real tokens times `scale` (the chunk's: see
+ * Note [Mask-exact FP8 scaling]), into data_t ([heads, head_dim, data_t_stride] E4M3) from
+ * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it.
+ * rows: [token, channel pair] raw 16-bit pairs. */
+template <typename T>
+__device__ __forceinline__ void cast_and_store_lane(
+    const ChunkParams &p, int head, const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
+    float scale, int channel, int64_t column, int valid) {
+  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;
+#pragma unroll
+  for (int ch = 0; ch < kChannelsPerLane; ++ch) {
+    uint32_t bytes[4];
+    cast_channel<T>(rows, ch, scale, bytes);
+    if (permute) to_sm90_pv_key_order(bytes);
+    store_channel(p, head, channel + ch, column, valid, bytes);
+  }
+}
+
 /* Blocks of `kernel` that the device runs at once (its shared memory opted in first), cached
  * per device. */
 template <typename Kernel>

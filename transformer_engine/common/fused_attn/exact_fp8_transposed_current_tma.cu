@@ -238,23 +238,6 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head,
   return scale;
 }
 
-/* The lane's `valid` real tokens of its 8 channels times `scale` into data_t ([heads, head_dim,
- * data_t_stride] E4M3) from column `column` on. */
-template <typename T, int kHeadDim, int kChunk>
-__device__ void cast_rows(const ChunkParams &p, int head, const Lane<kHeadDim, kChunk> &lane,
-                          const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], float scale,
-                          int64_t column, int valid) {
-  const int channel = lane.box * kBoxChannels + lane.piece * kChannelsPerLane;
-  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;  // a complete 16-token group
-#pragma unroll
-  for (int ch = 0; ch < kChannelsPerLane; ++ch) {
-    uint32_t bytes[4];
-    cast_channel<T>(rows, ch, scale, bytes);
-    if (permute) to_sm90_pv_key_order(bytes);
-    store_channel(p, head, channel + ch, column, valid, bytes);
-  }
-}
-
 /* A consumer warp: every item of the block, tile by tile. */
 template <typename T, int kHeadDim, int kChunk>
 __device__ void consume(const ChunkParams &p, int64_t items, const uint8_t *tiles,
@@ -281,7 +264,8 @@ __device__ void consume(const ChunkParams &p, int64_t items, const uint8_t *tile
     const int head = static_cast<int>(item - static_cast<int64_t>(span) * p.heads);
     const float scale =
         chunk_scale<kHeadDim, kChunk>(p, span, head, lane, len, ring.partial[stage]);
-    if (valid > 0) cast_rows<T, kHeadDim, kChunk>(p, head, lane, rows, scale, column, valid);
+    const int channel = lane.box * kBoxChannels + lane.piece * kChannelsPerLane;
+    if (valid > 0) cast_and_store_lane<T>(p, head, rows, scale, channel, column, valid);
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1;
