@@ -9,9 +9,7 @@ of three round-robin rounds of five medians. The extension rows replay the exact
 them. Needs an sm90 GPU and the extension built with the sm_90a kernel.
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,24 +25,19 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
     attention,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    host_us_per_call,
+)
 
 KW = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal")
 CALLS = 3000
 
 
-def host_us(fn, calls=CALLS) -> float:
-    """Median over 5 loops of the host microseconds per call."""
+def host_us(fn) -> float:
+    """Host microseconds per call (testing.host_us_per_call, median of 5 loops) after 50 calls."""
     for _ in range(50):
         fn()
-    runs = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(runs)
+    return host_us_per_call(fn, calls=CALLS, repeats=5)
 
 
 def replay(call):
