@@ -36,6 +36,8 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.
     build_scenario,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+    HUGE_ROW_SCALES,
+    one_hot_self_scores,
     prefix_change,
     rel_frobenius_error,
 )
@@ -494,3 +496,32 @@ def test_large_finite_future_v_changes_no_earlier_row():
     assert torch.equal(base[:, :384], pert[:, :384])
     assert torch.equal(base_lse[:, :384], pert_lse[:, :384])
     assert not torch.equal(base[:, 384:], pert[:, 384:])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("scale", list(HUGE_ROW_SCALES), ids=list(HUGE_ROW_SCALES.values()))
+def test_huge_scores_one_hot_rows_give_exactly_v(recipe, scale):
+    """Rows whose scores reach 2^10 .. 2^33 in log2 units (testing.one_hot_self_scores: Q = K,
+    the softmax one-hot on the diagonal): the output is exactly V and the LSE finite. The
+    one-FMA exponent alone gave P8 of the max off 256 from ~2^20, saturated from 2^23, NaN beyond
+    ~2^31; huge rows (attention_kernel._huge_row) subtract the max in the score domain."""
+    qk, v = one_hot_self_scores(11, 2, 300, 4, 128, scale)
+    out, lse = _forward(qk, qk, v, recipe, dict(qkv_format="bshd", attn_mask_type="causal"))
+    assert torch.equal(out.cpu(), v)
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("t", [100, 135, 200])
+def test_huge_future_rows_change_no_earlier_bit(recipe, t):
+    """Rows after t with scores of ~2^33 (huge rows) next to rows of ~2^10: no bit of rows <= t
+    changes against a run where every row is of ~2^10 (the huge-row decision is each row's own)."""
+    qk, v = one_hot_self_scores(12, 2, 300, 4, 128, 8.0)
+    kw = dict(qkv_format="bshd", attn_mask_type="causal")
+    base_out, base_lse = _forward(qk, qk, v, recipe, kw)
+    qk2 = qk.clone()
+    qk2[:, t + 1 :] *= 23170.0 / 8.0
+    out, lse = _forward(qk2, qk2, v, recipe, kw)
+    assert torch.equal(out[:, : t + 1], base_out[:, : t + 1])
+    rows = torch.arange(300, device=lse.device).repeat(2) <= t  # [b * s] token-major
+    assert torch.equal(lse[:, rows], base_lse[:, rows])

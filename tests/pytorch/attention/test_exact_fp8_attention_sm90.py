@@ -19,6 +19,8 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+    HUGE_ROW_SCALES,
+    one_hot_self_scores,
     rel_frobenius_error,
 )
 
@@ -354,3 +356,33 @@ def test_unsupported_dtype_and_head_dim_raise():
         _cuda(q.half(), k.half(), v.half(), "causal")
     with pytest.raises(ValueError, match="head dim 64"):
         _cuda(q[..., :64], k[..., :64], v[..., :64], "causal")
+
+
+@pytest.mark.parametrize("scale", list(HUGE_ROW_SCALES), ids=list(HUGE_ROW_SCALES.values()))
+@pytest.mark.parametrize("shape", [(2, 300, 4), (1, 1024, 2)], ids=str)
+def test_huge_scores_one_hot_rows_give_exactly_v(scale, shape):
+    """Rows whose scores reach 2^10 .. 2^33 in log2 units (testing.one_hot_self_scores: Q = K,
+    the softmax one-hot on the diagonal): the output is exactly V and the LSE finite. The
+    one-FFMA exponent alone gave P8 of the max off 256 from ~2^20, saturated from 2^23, NaN beyond
+    ~2^31; huge rows (softmax.h, kHugeRow) subtract the max in the score domain."""
+    b, s, h = shape
+    qk, v = one_hot_self_scores(11, b, s, h, 128, scale)
+    out, lse = _cuda(qk.cuda(), qk.cuda(), v.cuda(), "causal")
+    assert torch.equal(out.cpu(), v)
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("t", [100, 135, 200, 700])
+def test_huge_future_rows_change_no_earlier_bit(t):
+    """Rows after t with scores of ~2^33 (huge rows) share warps with rows <= t of ~2^10 (a warp
+    holds 16 consecutive rows): no bit of rows <= t changes against a run where every row is of
+    ~2^10. The huge-row decision is each row's own; the warp's choice of loop changes no bit."""
+    qk, v = one_hot_self_scores(12, 2, 1024, 4, 128, 8.0)
+    qk, v = qk.cuda(), v.cuda()
+    base_out, base_lse = _cuda(qk, qk, v, "causal")
+    qk2 = qk.clone()
+    qk2[:, t + 1 :] *= 23170.0 / 8.0
+    out, lse = _cuda(qk2, qk2, v, "causal")
+    assert torch.equal(out[:, : t + 1], base_out[:, : t + 1])
+    rows = torch.arange(1024, device=lse.device).repeat(2) <= t  # [b * s] token-major
+    assert torch.equal(lse[:, rows], base_lse[:, rows])

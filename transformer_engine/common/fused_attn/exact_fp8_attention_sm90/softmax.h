@@ -9,6 +9,9 @@
  *   p = exp2(t * row_scale - (m_ref - log2(P_SCALE)))   (one FFMA; P_SCALE * the softmax
  *       numerator, <= P_SCALE up to the FFMA's rounding)
  *   l = l * alpha + sum_n p
+ * except in huge rows (|m| >= kHugeRow, where that FFMA's rounding error would grow past what the
+ * output and E4M3 hold; OnlineSoftmax::step), which subtract the max in the score domain:
+ * p = exp2((t - t_max) * row_scale + 8).
  *
  * Accumulator fragments here are those of a 64 x N F32 WGMMA (cute's CLayout_64xN): thread
  * (lane q = lane % 4) holds value v = c + 2 h + 4 j at row lane / 4 + 8 h (+ 16 warp) and column
@@ -106,21 +109,45 @@ struct ScoreScales {
   }
 };
 
+// A row whose running max m reaches this magnitude (log2 units) is a huge row: it subtracts its
+// max in the score domain (OnlineSoftmax::step). Below it the one-FFMA exponent of the row's
+// largest score is 8 + e with |e| <= ulp(m) <= 2^-8: p_max = 256 * 2^e rounds to 256 in E4M3
+// and the row sum it enters is off by <= 0.27 %, under one bf16 ulp of the output.
+constexpr float kHugeRow = 65536.0f;  // 2^16
+
+CUTLASS_DEVICE bool is_huge_row(float m) { return fabsf(m) >= kHugeRow && m != -INFINITY; }
+
 // Row state of the online softmax for the two rows a thread owns.
 struct OnlineSoftmax {
-  float m[2];  // running max of s (log2 units); -inf until the row has seen a key
-  float l[2];  // this thread's share of the running sum of p (quad_sum gives the row's)
+  float m[2];      // running max of s (log2 units); -inf until the row has seen a key
+  float t_max[2];  // of a huge row: its running max of t (m = fl(row_scale * t_max))
+  float l[2];      // this thread's share of the running sum of p (quad_sum gives the row's)
+  bool warp_huge;  // a row of this warp was huge at the last tile (warp-uniform)
 
   CUTLASS_DEVICE void init() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       m[h] = -INFINITY;
+      t_max[h] = -INFINITY;
       l[h] = 0.0f;
     }
+    warp_huge = false;
   }
 
   // t: the 64 column-scaled scores of a 64 x 128 fragment (-inf where masked), overwritten
   // with p; row_scale: of the thread's two rows (ScoreScales). Returns alpha of each row.
+  //
+  // The one-FFMA exponent fma(t, row_scale, 8 - m_ref) gives the row's largest score 8 + e,
+  // e from the roundings of m_ref = fl(row_scale * t_max) and of 8 - m_ref: |e| <= ulp(m_ref),
+  // which grows with the row's magnitude: from |m_ref| ~ 2^20 P8 of the max is no longer 256, from
+  // 2^23 it may saturate, beyond ~2^31 exp2 overflows (a NaN output). A huge row (is_huge_row(m))
+  // takes its reference in the score domain instead, exact at the max: p = exp2(fma(t - t_max,
+  // row_scale, 8)) <= 2^8; alpha is 2^(old reference - new reference) with the reference m_ref
+  // or row_scale * t_max. t_max is kept for huge rows only: a row turns huge at a tile that
+  // raised its max (or its first tile), whose own max then is t_max.
+  // The decision is the row's own (it depends on the row's visible scores only, so a hidden
+  // token never moves a row from one formula to the other); the code path is the warp's: the
+  // general form gives a row that is not huge the bits of the one-FFMA form (t - 0 = t).
   template <class Frag>
   CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2]) {
     static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
@@ -136,25 +163,69 @@ struct OnlineSoftmax {
       const int h = (v >> 1) & 1;
       part[h][(v >> 2) & 3] = fmaxf(part[h][(v >> 2) & 3], t(v));
     }
-    float t_max[2];
+    float own_max[2];  // of the thread's own scores of each row
+    bool maybe_huge = warp_huge;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      t_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+      own_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+      maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
     }
-    float bias[2];
+    // Decided before the row maxima's shuffles, on the thread's own maxima: a row of the warp
+    // can turn huge at this tile only if some thread's own maximum is huge (|max| over the quad
+    // is at most the largest |own max|, or all of them are -inf), or it was huge before.
+    if (!__any_sync(0xffffffff, maybe_huge)) {
+      float bias[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], quad_max(own_max[h]) * row_scale[h]);
+        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = fast_exp2(m[h] - m_ref);
+        bias[h] = kLog2PScale - m_ref;
+        m[h] = m_new;
+      }
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int v = 0; v < 64; ++v) {
+        const int h = (v >> 1) & 1;
+        t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
+        sum[h] += t(v);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
+    } else {
+      general_step(t, row_scale, own_max, alpha);
+    }
+  }
+
+  // step() for a warp with a row that is, was or may turn huge.
+  template <class Frag>
+  CUTLASS_DEVICE void general_step(Frag &t, float const (&row_scale)[2],
+                                   float const (&own_max)[2], float (&alpha)[2]) {
+    float t_sub[2], bias[2];
+    bool huge[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], quad_max(t_max[h]) * row_scale[h]);
+      const float rs = row_scale[h];
+      const float tile_max = quad_max(own_max[h]);
+      const float m_new = fmaxf(m[h], tile_max * rs);
       const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = fast_exp2(m[h] - m_ref);
-      bias[h] = kLog2PScale - m_ref;
+      huge[h] = is_huge_row(m_new);
+      const bool huge_prev = is_huge_row(m[h]);
+      const float t_new = huge_prev ? fmaxf(t_max[h], tile_max) : tile_max;
+      t_sub[h] = huge[h] ? t_new : 0.0f;
+      bias[h] = huge[h] ? kLog2PScale : kLog2PScale - m_ref;
+      const float x = huge[h] ? (huge_prev ? (t_max[h] - t_new) * rs : fmaf(-rs, t_new, m[h]))
+                              : (huge_prev ? fmaf(rs, t_max[h], -m_ref) : m[h] - m_ref);
+      alpha[h] = fast_exp2(x);
+      if (huge[h]) t_max[h] = t_new;
       m[h] = m_new;
     }
+    warp_huge = __any_sync(0xffffffff, huge[0] || huge[1]);
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int v = 0; v < 64; ++v) {
       const int h = (v >> 1) & 1;
-      t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
+      t(v) = fast_exp2(fmaf(t(v) - t_sub[h], row_scale[h], bias[h]));
       sum[h] += t(v);
     }
 #pragma unroll

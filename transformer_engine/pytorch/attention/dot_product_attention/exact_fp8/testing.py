@@ -9,7 +9,8 @@ import torch
 
 __all__ = [
     "prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference",
-    "host_us_per_call", "LEAKY_CP_RULES", "leaky_cp_quantizer",
+    "host_us_per_call", "LEAKY_CP_RULES", "leaky_cp_quantizer", "one_hot_self_scores",
+    "HUGE_ROW_SCALES",
 ]  # fmt: skip
 
 
@@ -31,6 +32,28 @@ def rel_frobenius_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref||_F / ||ref||_F in fp64."""
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm())
+
+
+# Input scales of one_hot_self_scores and the log2-unit magnitude of the rows' largest score
+# (about 16.3 * scale^2 at d = 128): one row under the huge-row threshold (2^16), the others from
+# where the one-FMA exponent loses the max's P8 (~2^20) through saturation (2^23) to exp2 overflow
+# (~2^31).
+HUGE_ROW_SCALES = {8.0: "2^10", 256.0: "2^20", 2896.0: "2^27", 23170.0: "2^33"}
+
+
+def one_hot_self_scores(
+    seed: int, b: int, s: int, h: int, d: int, scale: float, dtype=torch.bfloat16
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(qk, v) on the CPU, bshd [b, s, h, d]: qk = N(0, 1) * scale serves as Q and K, v = N(0, 1).
+
+    Every row's score against its own key, |q_i|^2 * d^-1/2, exceeds its score against any other
+    key by ~0.7 of itself (~12 * scale^2 log2 units at d = 128): under a causal mask the softmax is
+    one-hot on the diagonal key at every scale >= 8, in any precision, so the output is exactly
+    v (the diagonal key is always a boundary key: unquantized V, P = P_SCALE)."""
+    gen = torch.Generator().manual_seed(seed)
+    qk = (torch.randn(b, s, h, d, generator=gen) * scale).to(dtype)
+    v = torch.randn(b, s, h, d, generator=gen).to(dtype)
+    return qk, v
 
 
 def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:

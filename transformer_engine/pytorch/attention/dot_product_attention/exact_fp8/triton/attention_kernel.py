@@ -247,6 +247,21 @@ def _v_tile_scale(vs_head, chunk_kv, col0, RECIPE_MX: tl.constexpr, V_FP8: tl.co
         return tl.full([], 1.0, tl.float32)
 
 
+# A row whose running max m (log2 units) reaches 2^16 is a huge row: it subtracts its max in the
+# score domain. The one-FMA exponent t * row_scale + (8 - m_ref) (the compiler contracts it)
+# gives the row's largest score 8 + e, |e| <= ulp(m_ref): below 2^16 p_max rounds to 256 in E4M3
+# and the row sum is off by <= 0.27 % (under one bf16 ulp); from ~2^20 P8 of the max moves off
+# 256, from 2^23 it may saturate, beyond ~2^31 exp2 overflows (a NaN output). The decision
+# depends on the row's own visible scores only. The sm90 CUDA kernel applies the same rule
+# (softmax.h, kHugeRow).
+HUGE_ROW = tl.constexpr(65536.0)
+
+
+@triton.jit
+def _huge_row(m):
+    return (tl.abs(m) >= HUGE_ROW) & (m != float("-inf"))
+
+
 @triton.jit
 def _unit_ratio(v_unit, tile_unit, RECIPE_MX: tl.constexpr):
     """u / s_j of Note [V scale in the rescale], clamped to FP32_MAX; exactly 1 when the units
@@ -262,12 +277,12 @@ def _unit_ratio(v_unit, tile_unit, RECIPE_MX: tl.constexpr):
 
 @triton.jit
 def _attend_tiles(
-    acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
+    acc, l_i, m_i, t_i, v_unit, q8, q_scale, row_scale, rows, kv_first, kv_end, kv_seq, window,
     HEAD_DIM: tl.constexpr, BN: tl.constexpr, RECIPE_MX: tl.constexpr, MASKED: tl.constexpr,
     V_FP8: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the BN-key tiles [kv_first, kv_end) of a sequence
-    -> (acc, l_i, m_i, v_unit).
+    -> (acc, l_i, m_i, t_i, v_unit).
 
     v_unit (fp32 scalar): the V scale acc is kept in (Note [V scale in the rescale]; 1 before
     any current-scaling FP8 tile and for MXFP8).
@@ -281,7 +296,8 @@ def _attend_tiles(
     [h_kv * t, d] and V8^T [h_kv * d, t_pad] (boxes of BN keys); k_desc_row (int32): the
     sequence's first key row in k_desc for this kv head; vt_desc_row (int32): the kv head's first
     row in vt_desc.
-    row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet).
+    row_scale [BM] > 0: S = t * row_scale. m_i: running row max of S (-inf: nothing seen yet);
+    t_i: that of t (m_i = fl(row_scale * t_i)).
     LOOP_STAGES: the loop's software pipeline depth (None: the launch's num_stages).
     """
     k8_head, ks_head, vt_head, vs_head, v_seq, tok_kv, vt_col0, chunk_kv = kv_seq[:8]
@@ -301,14 +317,31 @@ def _attend_tiles(
         if MASKED:
             cols = col0 + tl.arange(0, BN)
             t = tl.where(visible(rows, cols, len_kv, diag, left, right), t, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(t, 1) * row_scale)
+        t_tile = tl.max(t, 1)
+        m_new = tl.maximum(m_i, t_tile * row_scale)
+        t_new = tl.maximum(t_i, t_tile)
         if MASKED:  # rows that have seen nothing yet keep m = -inf: exponentiate against 0
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            t_ref = tl.where(t_new == float("-inf"), 0.0, t_new)
         else:
             m_ref = m_new
-        # P_SCALE * softmax numerator; one FMA per score
-        p = tl.math.exp2(t * row_scale[:, None] - (m_ref - LOG2_P_SCALE)[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
+            t_ref = t_new
+        # P_SCALE * softmax numerator: p = exp2(fma(t, row_scale, 8 - m_ref)), except in huge
+        # rows (_huge_row), which subtract the max in the score domain: exact at the max.
+        huge_prev = _huge_row(m_i)
+        huge = _huge_row(m_new)
+        t_sub = tl.where(huge, t_ref, 0.0)
+        bias = tl.where(huge, LOG2_P_SCALE, LOG2_P_SCALE - m_ref)
+        p = tl.math.exp2(tl.fma(t - t_sub[:, None], row_scale[:, None], bias[:, None]))
+        # 2^(old reference - new reference); the reference is m_ref, or row_scale * t_ref exactly
+        # in a huge row.
+        alpha = tl.math.exp2(
+            tl.where(
+                huge,
+                tl.where(huge_prev, (t_i - t_ref) * row_scale, tl.fma(-row_scale, t_ref, m_i)),
+                tl.where(huge_prev, tl.fma(row_scale, t_i, -m_ref), m_i - m_ref),
+            )
+        )
         l_i = l_i * alpha + tl.sum(p, 1)
         # See Note [V scale in the rescale]: acc moves into the units of this tile's V scale.
         acc = acc * (alpha * _unit_ratio(v_unit, tile_unit, RECIPE_MX))[:, None]
@@ -322,7 +355,8 @@ def _attend_tiles(
             v_tile = v_seq + col0.to(tl.int64) * stride_vs
             acc = _pv_unquantized(acc, p, v_tile, stride_vs, col0, len_kv, HEAD_DIM, BN)
         m_i = m_new
-    return acc, l_i, m_i, v_unit
+        t_i = t_new
+    return acc, l_i, m_i, t_i, v_unit
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS)
@@ -408,6 +442,7 @@ def attention_forward_kernel(
     acc = tl.zeros([BM, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
+    t_i = tl.full([BM], float("-inf"), tl.float32)
     v_unit = tl.full([], 1.0, tl.float32)  # the V scale acc is in: Note [V scale in the rescale]
     vt_col0 = tl.multiple_of(tl.load(CU_VT + seq), 16)  # 16-byte aligned V8^T rows: TMA boxes
     kv_head_data = (
@@ -418,16 +453,16 @@ def attention_forward_kernel(
     window = (diag, window_left, window_right)
     # Right boundary (diagonal / sequence end) first, so that its loads are not left exposed at
     # the end of the program, then the left boundary (sliding window) and the FP8 tiles.
-    acc, l_i, m_i, v_unit = _attend_tiles(
-        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, right_lo, right_hi, kv_seq_b, window,
+    acc, l_i, m_i, t_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, t_i, v_unit, q8, q_scale, row_scale, rows, right_lo, right_hi, kv_seq_b, window,
         HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
-    acc, l_i, m_i, v_unit = _attend_tiles(
-        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, left_lo, left_hi, kv_seq_b, window,
+    acc, l_i, m_i, t_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, t_i, v_unit, q8, q_scale, row_scale, rows, left_lo, left_hi, kv_seq_b, window,
         HEAD_DIM, BNB, RECIPE_MX, True, FP8_V_EVERYWHERE, BOUNDARY_STAGES,
     )  # fmt: skip
-    acc, l_i, m_i, v_unit = _attend_tiles(
-        acc, l_i, m_i, v_unit, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
+    acc, l_i, m_i, t_i, v_unit = _attend_tiles(
+        acc, l_i, m_i, t_i, v_unit, q8, q_scale, row_scale, rows, fp8_lo, fp8_hi, kv_seq, window,
         HEAD_DIM, BN, RECIPE_MX, False, True, None,
     )  # fmt: skip
 
