@@ -37,13 +37,15 @@ PREPROCESS_BLOCK_M = 64
 # d = 128) and steps over BM query rows; the dQ program holds 128 rows and steps over BN keys.
 # Each is the largest step whose offline sm_90a compile (Triton 3.6) spills no register
 # (docs/backward.md has the table: at d = 128 the 64-row dK/dV step of FlashAttention-2's
-# layout spills 88 bytes for current scaling, MXFP8's four sub-dots need 16 rows);
+# layout spills 88 bytes for current scaling), except MXFP8 at d = 128, which takes the step
+# measured faster on the H200 (32-row dK/dV, 64-key dQ: 9.65 against 12.72 ms at s = 8k for the
+# spill-free 16-row / 32-key step; benchmarks/results/backward_h200.md);
 # benchmarks/attention/bench_backward.py times alternatives on the GPU.
 LAUNCH_CONFIG = {
     ("current", 64): ((64, 128, 8, 3), (128, 64, 8, 3)),
     ("current", 128): ((32, 128, 8, 3), (128, 64, 8, 2)),
     ("mxfp8", 64): ((32, 128, 8, 3), (128, 64, 8, 3)),
-    ("mxfp8", 128): ((16, 128, 8, 2), (128, 32, 8, 2)),
+    ("mxfp8", 128): ((32, 128, 8, 2), (128, 64, 8, 2)),
 }
 
 
