@@ -29,10 +29,8 @@ CUDA_SOURCES = (
     "transformer_engine/common/fused_attn/exact_fp8_offsets.cu",
     "transformer_engine/common/fused_attn/exact_fp8_quantize.cu",
     "transformer_engine/common/fused_attn/exact_fp8_rowwise.cu",
-    "transformer_engine/common/fused_attn/exact_fp8_tensor_map.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed_current.cu",
-    "transformer_engine/common/fused_attn/exact_fp8_transposed_current_tma.cu",
 )
 # The sm90 attention forward: CuTe/CUTLASS, wgmma and TMA, so sm_90a only.
 SM90A_SOURCES = (

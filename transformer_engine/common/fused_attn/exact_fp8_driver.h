@@ -1,8 +1,7 @@
 /*
  * The CUDA driver's cuTensorMapEncodeTiled, looked up once through the runtime (the module links
- * no libcuda, so it loads on machines without a driver). Used by the TMA V cast
- * (exact_fp8_tensor_map.cu) and by the sm90 attention forward (exact_fp8_attention_sm90/
- * driver_api.cu).
+ * no libcuda, so it loads on machines without a driver). Used by the sm90 attention forward
+ * (exact_fp8_attention_sm90/driver_api.cu).
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_DRIVER_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_DRIVER_H_

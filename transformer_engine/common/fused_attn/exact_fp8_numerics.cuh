@@ -135,12 +135,18 @@ __host__ __device__ __forceinline__ uint32_t with_nan_signs(uint32_t bytes, cons
   return bytes;
 }
 
+/* cast4_to_e4m3 for four values known not to be NaN (the NaN check is the caller's). */
+__host__ __device__ __forceinline__ uint32_t cast4_to_e4m3_no_nan(const float *x,
+                                                                 float multiplier) {
+  const uint32_t lo = cast2_to_e4m3(mul_rn(x[0], multiplier), mul_rn(x[1], multiplier));
+  const uint32_t hi = cast2_to_e4m3(mul_rn(x[2], multiplier), mul_rn(x[3], multiplier));
+  return lo | (hi << 16);
+}
+
 /* Four fp32 times `multiplier` -> four E4M3 bytes, little-endian in a 32-bit word. `multiplier`
  * is finite and positive, so a product is NaN exactly when its input is. */
 __host__ __device__ __forceinline__ uint32_t cast4_to_e4m3(const float *x, float multiplier) {
-  const uint32_t lo = cast2_to_e4m3(mul_rn(x[0], multiplier), mul_rn(x[1], multiplier));
-  const uint32_t hi = cast2_to_e4m3(mul_rn(x[2], multiplier), mul_rn(x[3], multiplier));
-  const uint32_t bytes = lo | (hi << 16);
+  const uint32_t bytes = cast4_to_e4m3_no_nan(x, multiplier);
   return has_e4m3_nan(bytes) ? with_nan_signs(bytes, x) : bytes;
 }
 
@@ -217,6 +223,33 @@ __device__ __forceinline__ uint32_t abs_max2<__half>(uint32_t running, uint32_t 
   *reinterpret_cast<uint32_t *>(&b) = packed & 0x7FFF7FFFu;
   const __half2 m = __hmax2(a, b);
   return *reinterpret_cast<const uint32_t *>(&m);
+}
+
+/* Per-half max of |x| over two packed 16-bit values that keeps NaN (one instruction: the
+ * magnitudes' max, its sign the xor of the operands' signs, NaN if either is NaN). After a fold,
+ * abs_max2_sign_cleared(running) holds each half's max |x|, or NaN where a NaN was folded in:
+ * the fold equals abs_max2's whenever no NaN is met, so a NaN-free group (the common case) needs
+ * no other check. */
+template <typename T>
+__device__ __forceinline__ uint32_t abs_max2_keep_nan(uint32_t running, uint32_t packed);
+
+template <>
+__device__ __forceinline__ uint32_t abs_max2_keep_nan<__nv_bfloat16>(uint32_t running,
+                                                                    uint32_t packed) {
+  uint32_t m;
+  asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(running), "r"(packed));
+  return m;
+}
+
+template <>
+__device__ __forceinline__ uint32_t abs_max2_keep_nan<__half>(uint32_t running, uint32_t packed) {
+  uint32_t m;
+  asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(running), "r"(packed));
+  return m;
+}
+
+__device__ __forceinline__ uint32_t abs_max2_sign_cleared(uint32_t running) {
+  return running & 0x7FFF7FFFu;
 }
 
 /* max over the `width` lanes of an aligned group (width a power of two, at most 32). */

@@ -91,21 +91,40 @@ struct ChunkSpan {
   int token;
 };
 
+/* Chunk `chunk` of a sample (no cu_seqlens): arithmetic only. */
+template <int kChunk>
+__device__ ChunkSpan chunk_of_sample(const ChunkParams &p, int chunk) {
+  const int sample = chunk / p.chunks_per_sample;
+  const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
+  const int64_t column0 =
+      p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
+  return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
+          min(kChunk, p.seqlen - first), sample, first};
+}
+
+/* Chunk `chunk` of a thd pack, held by sequence `seq`. */
+template <int kChunk>
+__device__ ChunkSpan chunk_of_sequence(const ChunkParams &p, int chunk, int seq) {
+  const int start = __ldg(p.cu_seqlens + seq);
+  const int first = start + (chunk - __ldg(p.cu_chunks + seq)) * kChunk;
+  const int end = __ldg(p.cu_seqlens + seq + 1);
+  const int64_t column = p.columns != nullptr ? __ldg(p.columns + seq) + (first - start) : first;
+  return {first * p.stride_seq, column, min(kChunk, end - first), 0, first};
+}
+
+/* Whether `chunk` holds no token: past the last span's last chunk, or (thd) past
+ * cu_chunks[num_seqs] (num_chunks may be a bound computed without reading cu_seqlens back). */
+__device__ __forceinline__ bool chunk_is_empty(const ChunkParams &p, int chunk) {
+  return chunk >= p.num_chunks ||
+         (p.cu_seqlens != nullptr && chunk >= __ldg(p.cu_chunks + p.num_seqs));
+}
+
+/* Where chunk `chunk` is, for one thread. The sequence of a thd chunk is the last n with
+ * cu_chunks[n] <= chunk (which skips empty sequences): a binary search. */
 template <int kChunk>
 __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
-  if (chunk >= p.num_chunks) return {0, 0, 0, 0, 0};  // past the last span's last chunk
-  if (p.cu_seqlens == nullptr) {
-    const int sample = chunk / p.chunks_per_sample;
-    const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
-    const int64_t column0 =
-        p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
-    return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
-            min(kChunk, p.seqlen - first), sample, first};
-  }
-  // num_chunks may exceed the real count (a bound computed without reading cu_seqlens back):
-  // chunks from cu_chunks[num_seqs] on hold no token.
-  if (chunk >= __ldg(p.cu_chunks + p.num_seqs)) return {0, 0, 0, 0, 0};
-  // The sequence of `chunk`: the last n with cu_chunks[n] <= chunk (skips empty sequences).
+  if (chunk_is_empty(p, chunk)) return {0, 0, 0, 0, 0};
+  if (p.cu_seqlens == nullptr) return chunk_of_sample<kChunk>(p, chunk);
   int lo = 0;
   int hi = p.num_seqs - 1;
   while (lo < hi) {
@@ -116,11 +135,48 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
       hi = mid - 1;
     }
   }
-  const int start = __ldg(p.cu_seqlens + lo);
-  const int first = start + (chunk - __ldg(p.cu_chunks + lo)) * kChunk;
-  const int end = __ldg(p.cu_seqlens + lo + 1);
-  const int64_t column = p.columns != nullptr ? __ldg(p.columns + lo) + (first - start) : first;
-  return {first * p.stride_seq, column, min(kChunk, end - first), 0, first};
+  return chunk_of_sequence<kChunk>(p, chunk, lo);
+}
+
+/* locate_chunk for a whole warp that asks for the same chunk (every lane must call it): a 32-ary
+ * search, one round of loads and a ballot per factor of 32 in num_seqs, whose last round also
+ * loads what the chunk's location needs (the sequence's cu_seqlens pair and first column) and
+ * whose first also loads cu_chunks[num_seqs]: up to 32 sequences cost one dependent round trip,
+ * instead of the log2(num_seqs) + 2 of locate_chunk. */
+template <int kChunk>
+__device__ ChunkSpan locate_chunk_warp(const ChunkParams &p, int chunk) {
+  if (chunk >= p.num_chunks || (p.cu_seqlens != nullptr && p.num_seqs < 1)) {
+    return {0, 0, 0, 0, 0};
+  }
+  if (p.cu_seqlens == nullptr) return chunk_of_sample<kChunk>(p, chunk);
+  const int lane = threadIdx.x % kWarpSize;
+  const int total = __ldg(p.cu_chunks + p.num_seqs);  // the real chunks (num_chunks may bound them)
+  int lo = 0;  // the sequence is in [lo, hi], and cu_chunks[lo] <= chunk
+  int hi = p.num_seqs - 1;
+  while (true) {
+    const int step = (hi - lo + kWarpSize) / kWarpSize;  // candidates lo + step * lane
+    const bool candidate = lo + step * lane <= hi;
+    const int n = candidate ? lo + step * lane : hi;  // a valid index either way
+    const int first_chunk = __ldg(p.cu_chunks + n);
+    const bool at_or_before_chunk = candidate && first_chunk <= chunk;  // a prefix of the lanes
+    if (step == 1) {  // the last round: lane i holds sequence lo + i's offsets
+      const int start = __ldg(p.cu_seqlens + n);
+      const int end = __ldg(p.cu_seqlens + n + 1);
+      const int column0 = p.columns != nullptr ? __ldg(p.columns + n) : start;
+      if (chunk >= total) return {0, 0, 0, 0, 0};
+      const unsigned at_or_before = __ballot_sync(kFullWarp, at_or_before_chunk);
+      const int src = kWarpSize - 1 - __clz(at_or_before);  // the last such lane; lane 0 is one
+      const int first = __shfl_sync(kFullWarp, start, src) +
+                        (chunk - __shfl_sync(kFullWarp, first_chunk, src)) * kChunk;
+      const int len = min(kChunk, __shfl_sync(kFullWarp, end, src) - first);
+      const int64_t column = static_cast<int64_t>(__shfl_sync(kFullWarp, column0, src)) +
+                             (first - __shfl_sync(kFullWarp, start, src));
+      return {first * p.stride_seq, column, len, 0, first};
+    }
+    const unsigned at_or_before = __ballot_sync(kFullWarp, at_or_before_chunk);
+    lo += step * (kWarpSize - 1 - __clz(at_or_before));
+    hi = min(hi, lo + step - 1);
+  }
 }
 
 /* Channel c (0..7) of a lane row, as fp32 (exact). */
@@ -130,8 +186,9 @@ __device__ __forceinline__ float channel_value(const uint32_t (&row)[kWordsPerRo
   return c % 2 == 0 ? pair.x : pair.y;
 }
 
-/* The lane's 16 tokens of channel c times `multiplier` -> 16 E4M3 bytes in token order. */
-template <typename T>
+/* The lane's 16 tokens of channel c times `multiplier` -> 16 E4M3 bytes in token order.
+ * kNoNaN: the caller knows that none of the 16 values is NaN (no NaN-sign fix-up). */
+template <typename T, bool kNoNaN = false>
 __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], int c,
                              float multiplier, uint32_t (&bytes)[4]) {
 #pragma unroll
@@ -139,7 +196,7 @@ __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow
     float x[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) x[k] = channel_value<T>(rows[4 * q + k], c);
-    bytes[q] = cast4_to_e4m3(x, multiplier);
+    bytes[q] = kNoNaN ? cast4_to_e4m3_no_nan(x, multiplier) : cast4_to_e4m3(x, multiplier);
   }
 }
 
@@ -173,6 +230,15 @@ __device__ __forceinline__ void zero_unowned_columns(const ChunkParams &p, int64
   if (p.columns != nullptr) end = __ldg(p.columns + p.num_seqs);
   const int64_t width = p.data_t_stride - end;
   const int64_t rows = static_cast<int64_t>(p.heads) * p.head_dim;  // (head, channel) rows
+  if (width <= 0 || rank >= width * rows) return;
+  if (width * rows <= INT32_MAX) {  // 32-bit index math (a 64-bit division is a subroutine)
+    const int w = static_cast<int>(width);
+    for (int64_t k = rank; k < width * rows; k += count) {
+      const int row = static_cast<int>(k) / w;
+      p.data_t[row * p.data_t_stride + end + (static_cast<int>(k) - row * w)] = 0;
+    }
+    return;
+  }
   for (int64_t k = rank; k < width * rows; k += count) {
     const int64_t row = k / width;
     p.data_t[row * p.data_t_stride + end + k - row * width] = 0;

@@ -1,14 +1,12 @@
 /*
- * What the two current-scaling V casts share (exact_fp8_transposed_current.cu: cp.async ring,
- * any view; exact_fp8_transposed_current_tma.cu: tensor-tile copies, the fast path): the chunks of
- * a span as the cast sees them, the sm90_pv key order, the resident-block count of a launch and
- * the dispatch over element type, head dim and chunk size. See Note [Mask-exact FP8 scaling]
- * (exact_fp8/formats.py).
+ * What the current-scaling V cast (exact_fp8_transposed_current.cu) builds on besides the helpers
+ * that it shares with the MXFP8 cast (exact_fp8_transposed.cuh): the work items' order, the
+ * sm90_pv key order of its stores and the dispatch over element type, head dim and chunk size.
+ * See Note [Mask-exact FP8 scaling] (exact_fp8/formats.py).
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_TRANSPOSED_CURRENT_CUH_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_TRANSPOSED_CURRENT_CUH_
 
-#include <atomic>
 #include <type_traits>
 
 #include "exact_fp8_transposed.cuh"
@@ -17,17 +15,8 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace transposed {
 
-constexpr int kMaxDevices = 64;  // devices whose launch shape is cached
 constexpr int kMaxHeadDim = 256;
-
-/* What a chunk of the span looks like to the cast: the chunks of one item, 0 tokens past the
- * last. */
-template <int kChunk>
-struct SpanChunks {
-  static constexpr int kCount = kSpanTokens / kChunk;
-  int64_t column[kCount];  // data_t column of each chunk's first token
-  int len[kCount];         // its tokens
-};
+constexpr int64_t kMaxGridBlocks = 2147483647;  // gridDim.x
 
 /* The 16 E4M3 bytes of one channel and 16-token group (word w: tokens 4 w .. 4 w + 3) in
  * NVTE_EXACT_FP8_KEYS_SM90_PV order: word q of the result holds tokens 2 q, 2 q + 1, 8 + 2 q,
@@ -41,47 +30,62 @@ __device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
   }
 }
 
-/* A lane's 8 channels from `channel` on, its `valid` real tokens times `scale` (the chunk's: see
- * Note [Mask-exact FP8 scaling]), into data_t ([heads, head_dim, data_t_stride] E4M3) from
- * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it.
- * rows: [token, channel pair] raw 16-bit pairs. */
-template <typename T>
-__device__ __forceinline__ void cast_and_store_lane(
-    const ChunkParams &p, int head, const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
-    float scale, int channel, int64_t column, int valid) {
-  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;
+/* The lane's 8 channels of a complete, 16-aligned token group: one 16-byte store per channel
+ * into the data_t row at `dst` (row stride `stride` bytes), in the sm90_pv key order if kPermute. */
+template <typename T, bool kNoNaN, bool kPermute>
+__device__ __forceinline__ void cast_and_store_group(
+    const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], float scale, uint8_t *dst,
+    int64_t stride) {
 #pragma unroll
   for (int ch = 0; ch < kChannelsPerLane; ++ch) {
     uint32_t bytes[4];
-    cast_channel<T>(rows, ch, scale, bytes);
+    cast_channel<T, kNoNaN>(rows, ch, scale, bytes);
+    if (kPermute) to_sm90_pv_key_order(bytes);
+    *reinterpret_cast<uint4 *>(dst + ch * stride) =
+        make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+  }
+}
+
+/* A lane's 8 channels from `channel` on, its `valid` real tokens times `scale` (the chunk's: see
+ * Note [Mask-exact FP8 scaling]), into data_t ([heads, head_dim, data_t_stride] E4M3) from
+ * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it.
+ * rows: [token, channel pair] raw 16-bit pairs; kNoNaN: none of them is NaN. The common case (a
+ * complete group at a 16-aligned column) takes straight-line code with no byte-store branches. */
+template <typename T, bool kNoNaN>
+__device__ __forceinline__ void cast_and_store_lane(
+    const ChunkParams &p, int head, const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
+    float scale, int channel, int64_t column, int valid) {
+  if (valid >= kTokensPerLane && column % kTokensPerLane == 0) {
+    uint8_t *dst =
+        p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
+    if (p.sm90_pv_keys) {
+      cast_and_store_group<T, kNoNaN, true>(rows, scale, dst, p.data_t_stride);
+    } else {
+      cast_and_store_group<T, kNoNaN, false>(rows, scale, dst, p.data_t_stride);
+    }
+    return;
+  }
+  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;  // complete, unaligned
+#pragma unroll
+  for (int ch = 0; ch < kChannelsPerLane; ++ch) {  // a short or unaligned group: byte stores
+    uint32_t bytes[4];
+    cast_channel<T, kNoNaN>(rows, ch, scale, bytes);
     if (permute) to_sm90_pv_key_order(bytes);
     store_channel(p, head, channel + ch, column, valid, bytes);
   }
 }
 
-/* Blocks of `kernel` that the device runs at once (its shared memory opted in first), cached
- * per device. */
-template <typename Kernel>
-cudaError_t resident_blocks(Kernel kernel, int threads, int smem_bytes,
-                            std::atomic<int> (&cache)[kMaxDevices], int *blocks) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices && (*blocks = cache[device].load(std::memory_order_relaxed)) > 0) {
-    return cudaSuccess;
-  }
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  int per_sm = 0;
-  int sms = 0;
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
-  }
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-  *blocks = per_sm * sms > 0 ? per_sm * sms : 1;
-  if (device < kMaxDevices) cache[device].store(*blocks, std::memory_order_relaxed);
-  return cudaSuccess;
+/* A work item's span and head. Items run span fastest (item = head * num_spans + span), so the
+ * blocks at work at once write neighbouring columns of the same data_t rows: on the H200 the
+ * transposed writes of head-fastest items (the blocks at work spread over every head's rows)
+ * cost 6-10 points of the copy's bandwidth (benchmarks/results/quantize_bandwidth.md). */
+struct SpanHead {
+  int span;
+  int head;
+};
+__device__ __forceinline__ SpanHead span_and_head(const ChunkParams &p, int item) {
+  const int head = item / p.num_spans;  // 32-bit: items <= kMaxGridBlocks
+  return {item - head * p.num_spans, head};
 }
 
 template <int kValue>
@@ -118,14 +122,6 @@ cudaError_t dispatch_current(NVTEExactFP8DType dtype, int head_dim, int chunk, L
 }
 
 }  // namespace transposed
-
-/* The TMA cast of `v` (exact_fp8_transposed_current_tma.cu) with the parameters `p`;
- * cudaErrorNotSupported, having launched nothing, where it does not apply (the view's layout, the
- * device, no items, or NVTE_EXACT_FP8_V_CAST_TMA=0). */
-cudaError_t launch_current_cast_transposed_tma(const NVTEExactFP8TokenView &v,
-                                               const transposed::ChunkParams &p, int chunk,
-                                               cudaStream_t stream);
-
 }  // namespace exact_fp8
 }  // namespace transformer_engine
 
