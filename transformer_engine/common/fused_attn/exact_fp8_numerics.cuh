@@ -137,7 +137,7 @@ __host__ __device__ __forceinline__ uint32_t with_nan_signs(uint32_t bytes, cons
 
 /* cast4_to_e4m3 for four values known not to be NaN (the NaN check is the caller's). */
 __host__ __device__ __forceinline__ uint32_t cast4_to_e4m3_no_nan(const float *x,
-                                                                 float multiplier) {
+                                                                  float multiplier) {
   const uint32_t lo = cast2_to_e4m3(mul_rn(x[0], multiplier), mul_rn(x[1], multiplier));
   const uint32_t hi = cast2_to_e4m3(mul_rn(x[2], multiplier), mul_rn(x[3], multiplier));
   return lo | (hi << 16);
@@ -235,7 +235,7 @@ __device__ __forceinline__ uint32_t abs_max2_keep_nan(uint32_t running, uint32_t
 
 template <>
 __device__ __forceinline__ uint32_t abs_max2_keep_nan<__nv_bfloat16>(uint32_t running,
-                                                                    uint32_t packed) {
+                                                                     uint32_t packed) {
   uint32_t m;
   asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(running), "r"(packed));
   return m;

@@ -13,13 +13,15 @@
  *    views); rows past the chunk's last token are never read (they may hold another sequence);
  *  - amax: each lane folds its real rows on the packed 16-bit pairs (one instruction per pair,
  *    NaN kept: a lane that meets a NaN folds again without it, and only such a lane's cast fixes
- *    NaN signs), the chunk's lanes of the warp reduce by xor shuffles, the warp's partial goes to shared memory and ONE block barrier
- *    publishes the partials; each lane takes its chunk's scale from the warps that hold its tokens;
+ *    NaN signs), the chunk's lanes of the warp reduce by xor shuffles, the warp's partial goes to
+ *    shared memory and ONE block barrier publishes the partials; each lane takes its chunk's scale
+ *    from the warps that hold its tokens;
  *  - cast and store: each channel's 16 E4M3 bytes leave as one 16-byte store; one store
  *    instruction of a warp writes 64 contiguous bytes into each of 8 data_t rows.
- * No shared-memory tiles and no pipeline: enough blocks are resident at once (5 per SM at
- * head_dim 128) that their loads keep HBM busy; measured against a copy of the same V in
- * benchmarks/results/quantize_bandwidth.md.
+ * No shared-memory tiles and no pipeline: 5 blocks per SM are resident at head_dim 128 (96
+ * registers), and a block's loads are in flight only until it casts, so a partial last wave of
+ * blocks holds few bytes in flight (small inputs fall short of the copy's bandwidth: measured in
+ * benchmarks/results/quantize_bandwidth.md).
  */
 #include "exact_fp8_transposed_current.cuh"
 
@@ -29,9 +31,9 @@ namespace {
 
 using namespace transposed;  // NOLINT(build/namespaces): the shared constants and helpers
 
-constexpr int kWarpTokens = 64;                         // a warp's tokens of the span
-constexpr int kWarpChannels = 64;                       // a warp's channels
-constexpr int kLaneGroups = kWarpTokens / kTokensPerLane;  // 4 token groups per warp
+constexpr int kWarpTokens = 64;                                // a warp's tokens of the span
+constexpr int kWarpChannels = 64;                              // a warp's channels
+constexpr int kLaneGroups = kWarpTokens / kTokensPerLane;      // 4 token groups per warp
 constexpr int kLanePieces = kWarpChannels / kChannelsPerLane;  // 8 channel pieces per warp
 static_assert(kLaneGroups * kLanePieces == kWarpSize, "a warp is 4 token groups x 8 pieces");
 
@@ -115,8 +117,8 @@ __device__ void load_rows(const ChunkParams &p, int head, int channel, const Chu
 }
 
 /* The lane's max |x| over its rows (exact, on the packed 16-bit pairs; the rows past its real
- * tokens are 0), and whether one of them holds a NaN. A NaN decides no scale: its amax is then the max over the other values
- * (a second fold, on the rare lanes that hold a NaN). */
+ * tokens are 0), and whether one of them holds a NaN. A NaN decides no scale: its amax is then
+ * the max over the other values (a second fold, on the rare lanes that hold a NaN). */
 template <typename T>
 __device__ float lane_amax(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], bool *has_nan) {
   // rows from `valid` on are 0 (load_rows), so folding all 16 gives the same max
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kM
     const Lane<kChunk> lane = Lane<kChunk>::template of_thread<S::kSlices>();
     const ChunkSpan s = lane_chunk<kChunk>(p, span, lane);
     const int channel = lane.slice * kWarpChannels + lane.piece * kChannelsPerLane;
-    const int valid = s.len - lane.first;     // the lane's real tokens (<= 0: none)
+    const int valid = s.len - lane.first;         // the lane's real tokens (<= 0: none)
     uint32_t rows[kTokensPerLane][kWordsPerRow];  // [token, channel pair] raw 16-bit pairs
     load_rows<T, kVectorized>(p, head, channel, s, lane.first, valid, rows);
     bool has_nan = false;

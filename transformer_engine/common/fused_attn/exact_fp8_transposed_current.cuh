@@ -31,7 +31,8 @@ __device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
 }
 
 /* The lane's 8 channels of a complete, 16-aligned token group: one 16-byte store per channel
- * into the data_t row at `dst` (row stride `stride` bytes), in the sm90_pv key order if kPermute. */
+ * into the data_t row at `dst` (row stride `stride` bytes), in the sm90_pv key order if
+ * kPermute. */
 template <typename T, bool kNoNaN, bool kPermute>
 __device__ __forceinline__ void cast_and_store_group(
     const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], float scale, uint8_t *dst,
