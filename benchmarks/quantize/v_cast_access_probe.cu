@@ -56,6 +56,34 @@ __global__ void copy_kernel(const uint4 *__restrict__ in, uint4 *__restrict__ ou
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) out[i] = in[i];
 }
 
+// A lane's 16 token rows (tokens tok0 .. + 15) of 8 channels (ch0 .. + 7) of one head.
+__device__ __forceinline__ void load_lane(const uint16_t *__restrict__ v, int h, int head, int tok0,
+                                          int ch0, uint32_t (&r)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    uint4 x = *reinterpret_cast<const uint4 *>(v + ((int64_t)(tok0 + j) * h + head) * D + ch0);
+    r[j][0] = x.x; r[j][1] = x.y; r[j][2] = x.z; r[j][3] = x.w;
+  }
+}
+
+// Those rows times s as E4M3, one 16-byte store per channel into V8^T rows of `ostride` bytes.
+__device__ __forceinline__ void cast_store_lane(const uint32_t (&r)[16][4], float s,
+                                                uint8_t *__restrict__ out, int ostride, int head,
+                                                int tok0, int ch0) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    uint32_t o[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float f[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) { uint32_t w = r[4 * q + k][c / 2]; f[k] = (c % 2) ? hi(w) : lo(w); }
+      o[q] = cvt2(f[0] * s, f[1] * s) | (uint32_t(cvt2(f[2] * s, f[3] * s)) << 16);
+    }
+    *reinterpret_cast<uint4 *>(out + ((int64_t)head * D + ch0 + c) * ostride + tok0) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
 // Register-tile transposed cast. A warp: GROUPS token groups of 16 tokens x (32/GROUPS) pieces of 8 channels.
 // A block: 4 warps covering one item = 128*SPANS tokens x 128 channels of one head... (SPANS spans per warp, looped)
 // ORDER 0: head fastest; 1: span fastest. PERSIST: grid-stride over items.
@@ -77,23 +105,8 @@ __global__ void __launch_bounds__(128) vt_reg(const uint16_t *__restrict__ v, ui
     const int tok0 = span * 128 + tu * WTOK + g * 16;
     const int ch0 = cu * WCH + piece * 8;
     uint32_t r[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      uint4 x = *reinterpret_cast<const uint4 *>(v + ((int64_t)(tok0 + j) * h + head) * D + ch0);
-      r[j][0] = x.x; r[j][1] = x.y; r[j][2] = x.z; r[j][3] = x.w;
-    }
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      uint32_t o[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float f[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) { uint32_t w = r[4 * q + k][c / 2]; f[k] = (c % 2) ? hi(w) : lo(w); }
-        o[q] = cvt2(f[0] * s, f[1] * s) | (uint32_t(cvt2(f[2] * s, f[3] * s)) << 16);
-      }
-      *reinterpret_cast<uint4 *>(out + ((int64_t)head * D + ch0 + c) * ostride + tok0) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
+    load_lane(v, h, head, tok0, ch0, r);
+    cast_store_lane(r, s, out, ostride, head, tok0, ch0);
   }
 }
 
@@ -120,11 +133,7 @@ __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, u
     const int tok0 = span * 128 + tu * WTOK + g * 16;
     const int ch0 = cu * WCH + piece * 8;
     uint32_t r[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      uint4 x = *reinterpret_cast<const uint4 *>(v + ((int64_t)(tok0 + j) * h + head) * D + ch0);
-      r[j][0] = x.x; r[j][1] = x.y; r[j][2] = x.z; r[j][3] = x.w;
-    }
+    load_lane(v, h, head, tok0, ch0, r);
     __nv_bfloat162 m = __float2bfloat162_rn(0.f);
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -141,18 +150,7 @@ __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, u
     a = fmaxf(fmaxf(partial[parity][0], partial[parity][1]), fmaxf(partial[parity][2], partial[parity][3]));
     const float s = a > 0.f ? __fdiv_rn(448.f, a) : 1.f;
     if (threadIdx.x == 0) scales[(int64_t)head * spans + span] = __frcp_rn(s);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      uint32_t o[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float f[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) { uint32_t w = r[4 * q + k][c / 2]; f[k] = (c % 2) ? hi(w) : lo(w); }
-        o[q] = cvt2(f[0] * s, f[1] * s) | (uint32_t(cvt2(f[2] * s, f[3] * s)) << 16);
-      }
-      *reinterpret_cast<uint4 *>(out + ((int64_t)head * D + ch0 + c) * ostride + tok0) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
+    cast_store_lane(r, s, out, ostride, head, tok0, ch0);
   }
 }
 
@@ -202,7 +200,6 @@ int main(int argc, char **argv) {
     report("copy kernel", us, 2.0 * in_bytes, copy_bw);
     us = time_it([](int i) { int64_t n = (int64_t)T * H * D / 16; cast_contig<<<SMS * 16, 256>>>((const uint4 *)ins[i], (uint4 *)outs[i], n, 1.5f); }, ROT);
     report("contiguous cast", us, 1.5 * in_bytes, copy_bw);
-    int items = T / 128 * H;
 #define VT(G, O, GRID, NAME) \
     us = time_it([](int i) { int items = T / 128 * H; vt_reg<G, O><<<GRID, 128>>>((const uint16_t *)ins[i], (uint8_t *)outs[i], T, H, items, 1.5f); }, ROT); \
     report(NAME, us, 1.5 * in_bytes, copy_bw);
@@ -232,7 +229,6 @@ int main(int argc, char **argv) {
     VA(8, 1, SMS * 8, "amax 8x4 span-fastest persistent 8/SM")
     VA(4, 1, SMS * 4, "amax 4x8 span-fastest persistent 4/SM")
     VA(4, 1, SMS * 12, "amax 4x8 span-fastest persistent 12/SM")
-    (void)items;
   }
   return 0;
 }
