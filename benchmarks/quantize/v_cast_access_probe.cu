@@ -6,7 +6,8 @@
 //  - "amax GxP": the same plus the chunk amax (warp shuffles, one block barrier) and its scale;
 //  - head-fastest / span-fastest: the order of the (span, head) items over the grid;
 //  - persistent N/SM: a grid of N blocks per SM walking the items; otherwise one block per item;
-//  - stride t + k: the V8^T row stride (t, or the width of a thd pack's aligned layout).
+//  - stride t + k: the V8^T row stride (t, or the width of a thd pack's aligned layout);
+//  - columns + k: every item's columns shifted by k (a thd pack's 16-aligned sequence starts).
 // Build and run on an sm_90 GPU (timing: 16 launches rotating over >= 256 MiB of inputs, median of
 // 10 repetitions, events around the launches):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
@@ -18,6 +19,7 @@
 #include <vector>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("err %s line %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 
@@ -115,7 +117,8 @@ __global__ void __launch_bounds__(128) vt_reg(const uint16_t *__restrict__ v, ui
 // then the warp (shuffles), then the block's 4 warps (shared memory, one barrier per item).
 template <int GROUPS, int ORDER>
 __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, uint8_t *__restrict__ out,
-                                               float *__restrict__ scales, int t, int h, int items, int ostride = 0) {
+                                               float *__restrict__ scales, int t, int h, int items, int ostride = 0,
+                                               int oshift = 0) {
   if (ostride == 0) ostride = t;
   constexpr int PIECES = 32 / GROUPS;
   constexpr int WTOK = GROUPS * 16;
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, u
     a = fmaxf(fmaxf(partial[parity][0], partial[parity][1]), fmaxf(partial[parity][2], partial[parity][3]));
     const float s = a > 0.f ? __fdiv_rn(448.f, a) : 1.f;
     if (threadIdx.x == 0) scales[(int64_t)head * spans + span] = __frcp_rn(s);
-    cast_store_lane(r, s, out, ostride, head, tok0, ch0);
+    cast_store_lane(r, s, out, ostride, head, tok0 + oshift, ch0);
   }
 }
 
@@ -181,6 +184,7 @@ int main(int argc, char **argv) {
   int shapes[][2] = {{16384, 16}, {8192, 16}};
   printf("| t | h | pattern | us | GB/s | vs copy |\n|---|---|---|---|---|---|\n");
   int nshapes = argc > 1 ? 1 : (int)(sizeof(shapes) / sizeof(shapes[0]));
+  if (argc > 1) shapes[0][0] = atoi(argv[1]);  // one shape: t tokens
   for (int si = 0; si < nshapes; ++si) { auto &sh = shapes[si];
     T = sh[0]; H = sh[1];
     size_t in_bytes = (size_t)T * H * D * 2;
@@ -223,6 +227,14 @@ int main(int argc, char **argv) {
     VS(384, "amax 4x8 stride t+384 (mod 128 = 0)")
     VS(368, "amax 4x8 stride t+368 (mod 128 = 112)")
     VS(320, "amax 4x8 stride t+320 (mod 128 = 64)")
+    static int SH;
+#define VC(SHIFT, NAME) OS = T + 384; SH = SHIFT; \
+    us = time_it([](int i) { int items = T / 128 * H; vt_amax<4, 1><<<items, 128>>>((const uint16_t *)ins[i], (uint8_t *)outs2[i], scl, T, H, items, OS, SH); }, ROT); \
+    report(NAME, us, 1.5 * in_bytes, copy_bw);
+    VC(0, "amax 4x8 stride t+384, columns + 0")
+    VC(16, "amax 4x8 stride t+384, columns + 16 (half sectors at item ends)")
+    VC(32, "amax 4x8 stride t+384, columns + 32 (whole sectors)")
+    VC(96, "amax 4x8 stride t+384, columns + 96")
     VA(8, 1, items, "amax 8x4 span-fastest")
     VA(4, 0, items, "amax 4x8 head-fastest")
     VA(4, 1, SMS * 8, "amax 4x8 span-fastest persistent 8/SM")
