@@ -301,13 +301,13 @@ def test_dense_v_offsets_are_cached_per_shape_and_fresh_under_capture(monkeypatc
         return object()
 
     def columns(batch, seqlen, device, aligned):
-        return offsets(batch, -(-seqlen // 16) * 16 if aligned else seqlen, device)
+        return offsets(batch, -(-seqlen // 32) * 32 if aligned else seqlen, device)
 
     monkeypatch.setattr(attention, "dense_offsets", offsets)
     monkeypatch.setattr(attention, "dense_column_starts", columns)
     cuda = torch.device("cuda", 0)
     pair = attention._dense_v_offsets(3, 203, cuda, True, False)
-    assert built == [(3, 2, cuda), (3, 208, cuda)]  # ceil(203 / 128) chunks, 16-aligned columns
+    assert built == [(3, 2, cuda), (3, 224, cuda)]  # ceil(203 / 128) chunks, 32-column spans
     assert attention._dense_v_offsets(3, 203, cuda, True, False) is pair and len(built) == 2
     attention._dense_v_offsets(3, 203, cuda, False, False)
     assert built[-1] == (3, 203, cuda) and len(built) == 4
@@ -360,7 +360,7 @@ def test_v_cast_outputs_unchanged_by_the_size_cache():
         data_t, scales, cu = quantize.per_chunk_cast_to_fp8_transposed(
             v, qkv_format="bshd", chunk=64, aligned_columns=aligned
         )
-        width = 3 * 208 if aligned else 608
+        width = 3 * 224 if aligned else 608  # aligned: 200 rounded up to 32 per sample
         assert data_t.shape == (2, 64, width) and scales.shape == (2, 12)
         assert cu.tolist() == [0, 4, 8, 12]
 

@@ -102,8 +102,8 @@ def test_per_chunk_thd_sequences_and_unowned_tail():
     "qkv_format,starts", [("thd", [0, 5, 70, 70, 133, 200]), ("bshd", [0, 37, 74, 111])]
 )
 def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
-    """aligned_columns=True: the plain layout's bytes, each sequence on a 16-aligned column
-    (vt_layout), zeros between; the scales and chunks are the same."""
+    """aligned_columns=True: the plain layout's bytes, each sequence on a 32-aligned column
+    (vt_layout.SPAN_COLUMNS), zeros between; the scales and chunks are the same."""
     v = _x(starts[-1] + 9, 2, 64, dtype=torch.float16, seed=4)
     kw = dict(qkv_format="thd", cu_seqlens=torch.tensor(starts, dtype=torch.int32))
     if qkv_format == "bshd":
@@ -117,7 +117,7 @@ def test_aligned_columns_move_the_plain_layouts_bytes(mx, qkv_format, starts):
     aligned = cast(v, aligned_columns=True, **kw)
     expected, columns = aligned_columns_reference(plain[0], starts)
     assert columns == vt_layout.aligned_column_starts_list(starts)
-    assert all(c % vt_layout.ALIGN_COLUMNS == 0 for c in columns)
+    assert all(c % vt_layout.SPAN_COLUMNS == 0 for c in columns)
     assert torch.equal(aligned[0].view(torch.uint8), expected)
     assert torch.equal(aligned[1], plain[1])  # fp32 scale_inv or E8M0 codes, all finite
     assert torch.equal(aligned[2], plain[2])
@@ -134,12 +134,13 @@ def test_dense_needs_alignment_exactly_when_a_sample_starts_off_the_grid(batch, 
     starts = [n * seqlen for n in range(batch + 1)]
     off_grid = any(x % vt_layout.ALIGN_COLUMNS for x in starts[:-1])
     assert vt_layout.dense_needs_alignment(batch, seqlen) == off_grid
-    # without it every sample's first column is already where the aligned layout puts it
+    # the aligned layout keeps every sample's first column exactly when all are on its grid
+    on_span_grid = all(x % vt_layout.SPAN_COLUMNS == 0 for x in starts[:-1])
     same_starts = vt_layout.aligned_column_starts_list(starts)[:batch] == starts[:batch]
-    assert same_starts != vt_layout.dense_needs_alignment(batch, seqlen)
+    assert same_starts == on_span_grid
 
 
-# V8^T as the attention launcher lays it out (_quantize_v): sequences on 16-aligned columns
+# V8^T as the attention launcher lays it out (_quantize_v): sequences on 32-aligned columns
 
 
 def _quantized_v(v, qkv_format, seqs, recipe):
@@ -158,13 +159,13 @@ def _quantized_v(v, qkv_format, seqs, recipe):
 
 
 def _check_aligned(laid_out, own, starts):
-    """Scales untouched; each sequence's columns at a 16-aligned start, zeros elsewhere (also in
+    """Scales untouched; each sequence's columns at a 32-aligned start, zeros elsewhere (also in
     the columns that thd's width bound adds; its extra scale rows are not compared)."""
     v8t, scales, cu_chunks, cu_vt = laid_out
     num_chunks = own[1].shape[1]
     assert torch.equal(scales[:, :num_chunks], own[1]) and torch.equal(cu_chunks, own[2])
     expected, cols = aligned_columns_reference(own[0], starts)
-    assert cu_vt.tolist() == cols and all(c % 16 == 0 for c in cols)
+    assert cu_vt.tolist() == cols and all(c % vt_layout.SPAN_COLUMNS == 0 for c in cols)
     width = expected.shape[-1]
     assert torch.equal(v8t.view(torch.uint8)[..., :width], expected)
     assert not v8t.view(torch.uint8)[..., width:].any()
@@ -192,8 +193,9 @@ def test_dense_samples_sit_at_aligned_v_columns(qkv_format):
 
 def test_thd_aligned_starts_keep_the_plain_columns():
     """thd always takes the aligned layout (the launcher does not read the starts); where every
-    start is on the 16-grid, each token stays in the plain layout's column."""
-    cu = torch.tensor([0, 16, 16, 160, 173], dtype=torch.int32)  # only the end is off the grid
+    start is on the 32-grid (vt_layout.SPAN_COLUMNS), each token stays in the plain layout's
+    column."""
+    cu = torch.tensor([0, 32, 32, 160, 173], dtype=torch.int32)  # only the end is off the grid
     v = torch.randn(173, 2, 64, generator=torch.Generator().manual_seed(2)).half()
     seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
     assert seqs.align_v
@@ -399,11 +401,11 @@ def test_sync_free_sizes_are_bounds_and_the_bytes_are_the_same(seed):
 
 def test_bounds_are_reached():
     """The bounds are the worst cases: 1-token sequences (chunks) and 1-token sequences each
-    starting off the 16-grid (aligned width)."""
+    starting off the 32-grid (aligned width)."""
     assert Q.chunk_bound(5, 5, 128) == 5
     starts = list(range(6))
-    assert vt_layout.aligned_column_starts_list(starts)[-1] == 5 * 16
-    assert vt_layout.aligned_width_bound(5, 5) == 5 * 16
+    assert vt_layout.aligned_column_starts_list(starts)[-1] == 5 * vt_layout.SPAN_COLUMNS == 160
+    assert vt_layout.aligned_width_bound(5, 5) == 160
 
 
 def test_sequence_offsets_rejects_other_offsets():

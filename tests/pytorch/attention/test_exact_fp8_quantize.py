@@ -56,8 +56,10 @@ def assert_same_results(cuda_results, torch_results) -> None:
 @pytest.fixture(autouse=True)
 def dirty_allocator():
     """Leave 0xA5 bytes in the caching allocator, so an output element the kernel forgets to
-    write shows up as a mismatch rather than as a lucky zero."""
-    junk = [torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda") for n in (1 << 12, 1 << 22)]
+    write shows up as a mismatch rather than as a lucky zero (blocks of the small pool, which
+    serves requests below 1 MiB from 2 MiB segments, and of the large pool)."""
+    sizes = (1 << 12, 1 << 16, 1 << 18, 1 << 19, (1 << 20) - 512, 1 << 22)
+    junk = [torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda") for n in sizes]
     del junk
     yield
 

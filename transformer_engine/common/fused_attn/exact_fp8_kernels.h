@@ -13,6 +13,11 @@
 namespace transformer_engine {
 namespace exact_fp8 {
 
+/* The aligned layout of the transposed V outputs (NVTEExactFP8Chunks::columns) rounds each
+ * sequence's span up to a multiple of kSpanColumns: 32 columns, one DRAM sector, so that chunks of
+ * 32 tokens or more start and end on a sector and the casts write whole sectors (vt_layout.py). */
+constexpr int kSpanColumns = 32;
+
 /* Which scale each row kernel computes. See Note [Mask-exact FP8 scaling]. */
 enum class RowRule {
   kPerToken,  // one current scale per (token, head)

@@ -13,22 +13,21 @@ namespace exact_fp8 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kAlignColumns = 16;  // a sequence's first column in the aligned layout: 16 bytes
 
 struct AddPairs {
   __device__ int2 operator()(int2 a, int2 b) const { return make_int2(a.x + b.x, a.y + b.y); }
 };
 
-/* (chunks, columns) of one sequence: ceil(len / chunk) and len rounded up to kAlignColumns. */
+/* (chunks, columns) of one sequence: ceil(len / chunk) and len rounded up to kSpanColumns. */
 __device__ int2 rounded_length(const int32_t *cu_seqlens, int n, int chunk) {
   const int len = __ldg(cu_seqlens + n + 1) - __ldg(cu_seqlens + n);
   return make_int2((len + chunk - 1) / chunk,
-                   (len + kAlignColumns - 1) / kAlignColumns * kAlignColumns);
+                   (len + kSpanColumns - 1) / kSpanColumns * kSpanColumns);
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sequence_offsets_kernel(const int32_t *cu_seqlens, int num_seqs, int chunk,
-                            int32_t *cu_chunks, int32_t *columns) {
+    sequence_offsets_kernel(const int32_t *cu_seqlens, int num_seqs, int chunk, int32_t *cu_chunks,
+                            int32_t *columns) {
   using Scan = cub::BlockScan<int2, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   if (threadIdx.x == 0) {

@@ -123,15 +123,18 @@ __device__ void channel_multipliers(const ChunkParams &p, const LaneTile &lane, 
 }
 
 /* Grid (1 + blocks per head, heads): block (0, head) zeroes the head's share of the unowned
- * columns; block (b > 0, head) holds the head's warp tiles 4 (b - 1) .. 4 b - 1. Whole warps
- * leave together, so every lane of a working warp takes part in the shuffles. */
+ * columns and of the aligned layout's span tails; block (b > 0, head) holds the head's warp tiles 4
+ * (b - 1) .. 4 b - 1. Whole warps leave together, so every lane of a working warp takes part in the
+ * shuffles. */
 template <typename T, bool kVectorized>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     mxfp8_cast_transposed_kernel(const ChunkParams p, const int tiles_per_head) {
   const int head = blockIdx.y;
   if (blockIdx.x == 0) {
-    zero_unowned_columns(p, static_cast<int64_t>(head) * kThreads + threadIdx.x,
-                         static_cast<int64_t>(p.heads) * kThreads);
+    const int64_t rank = static_cast<int64_t>(head) * kThreads + threadIdx.x;
+    const int64_t count = static_cast<int64_t>(p.heads) * kThreads;
+    zero_unowned_columns(p, rank, count);
+    zero_span_tails(p, rank, count);
     return;
   }
   const int tile = (blockIdx.x - 1) * kWarps + threadIdx.x / kWarpSize;

@@ -36,6 +36,7 @@ struct ChunkParams {
   int64_t stride_seq;
   int64_t stride_head;
   int seqlen;
+  int batch;
   int heads;
   int head_dim;               // a multiple of kChannelsPerWarp (checked by the C API)
   const int32_t *cu_seqlens;  // [num_seqs + 1] token offsets; null: one sequence per sample
@@ -65,6 +66,7 @@ inline ChunkParams make_chunk_params(const NVTEExactFP8TokenView &v,
                      v.stride_seq,
                      v.stride_head,
                      static_cast<int>(v.seqlen),
+                     static_cast<int>(v.batch),
                      static_cast<int>(v.heads),
                      static_cast<int>(v.head_dim),
                      chunks.cu_seqlens,
@@ -203,7 +205,8 @@ __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow
 /* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
  * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. In the
  * aligned layout the columns after a sequence's last token up to the next multiple of 16 are
- * padding: the lane of that last token writes them 0. */
+ * padding: the lane of that last token writes them 0 (zero_span_tails the rest of the padding).
+ */
 __device__ __forceinline__ void store_channel(const ChunkParams &p, int head, int channel,
                                               int64_t column, int valid,
                                               const uint32_t (&bytes)[4]) {
@@ -218,6 +221,28 @@ __device__ __forceinline__ void store_channel(const ChunkParams &p, int head, in
 #pragma unroll
   for (int j = 0; j < kTokensPerLane; ++j) {
     if (j < written) dst[j] = j < valid ? static_cast<uint8_t>(bytes[j / 4] >> (8 * (j % 4))) : 0;
+  }
+}
+
+/* The aligned layout's padding that no lane writes (ChunkParams::columns; kSpanColumns): the lane
+ * of a sequence's last token writes the zeros up to the end of its 16-column group, and when the
+ * sequence ends in the first half of a 32-column span the second half is padding too. Thread
+ * `rank` of `count` zeroes every count-th such 16-column group ((sequence, head x channel row)
+ * pairs, sequence fastest). */
+__device__ __forceinline__ void zero_span_tails(const ChunkParams &p, int64_t rank, int64_t count) {
+  if (p.columns == nullptr) return;
+  const int seqs = p.cu_seqlens != nullptr ? p.num_seqs : p.batch;
+  const int64_t groups = static_cast<int64_t>(seqs) * p.heads * p.head_dim;
+  for (int64_t k = rank; k < groups; k += count) {
+    const int64_t row = k / seqs;  // (head, channel) row of data_t
+    const int n = static_cast<int>(k - row * seqs);
+    const int len =
+        p.cu_seqlens != nullptr ? __ldg(p.cu_seqlens + n + 1) - __ldg(p.cu_seqlens + n) : p.seqlen;
+    const int tail = len % kSpanColumns;  // the sequence's tokens in its last 32-column span
+    if (tail == 0 || tail > kTokensPerLane) continue;
+    uint8_t *dst =
+        p.data_t + row * p.data_t_stride + __ldg(p.columns + n) + (len - tail + kTokensPerLane);
+    *reinterpret_cast<uint4 *>(dst) = uint4{};
   }
 }
 

@@ -179,7 +179,7 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head, const Lan
 }
 
 /* Grid: one block per item (spans x heads, at least one block); every block also zeroes its
- * share of the columns that belong to no sequence. */
+ * share of the columns that belong to no sequence and of the aligned layout's span tails. */
 template <typename T, int kHeadDim, int kChunk, bool kVectorized>
 __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kMinBlocksPerSm)
     current_cast_transposed_kernel(const ChunkParams p, const int64_t items) {
@@ -205,8 +205,10 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kM
       cast_and_store_lane<T, false>(p, head, rows, scale, channel, column, valid);
     }
   }
-  zero_unowned_columns(p, static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x,
-                       static_cast<int64_t>(gridDim.x) * S::kThreads);
+  const int64_t rank = static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x;
+  const int64_t count = static_cast<int64_t>(gridDim.x) * S::kThreads;
+  zero_unowned_columns(p, rank, count);
+  zero_span_tails(p, rank, count);
 }
 
 template <typename T, int kHeadDim, int kChunk>

@@ -80,9 +80,9 @@ typedef struct {
   float amax_epsilon;
   /* q8, q_scale, k8, k_scale, v8t, v_scale: the casts' outputs (the caller's buffers, of the
    * shapes above); v: the contiguous V that the V cast reads and the boundary tiles use;
-   * cu_chunks: n * ceil(seqlen_kv / 128); cu_vt: n * seqlen_kv, or n * seqlen_kv rounded up to
-   * 16 when batch > 1 and seqlen_kv % 16 != 0 (the aligned layout, whose columns the V cast
-   * then writes). vt_width, num_chunks: of those layouts. */
+   * cu_chunks: n * ceil(seqlen_kv / 128); cu_vt: n * seqlen_kv, or n times seqlen_kv rounded
+   * up to 32 when batch > 1 and seqlen_kv % 16 != 0 (the aligned layout, whose columns the V
+   * cast then writes). vt_width, num_chunks: of those layouts. */
   NVTEExactFP8AttentionSm90Args attention;
 } NVTEExactFP8AttentionSm90QuantizingArgs;
 

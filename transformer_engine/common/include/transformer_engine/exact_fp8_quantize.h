@@ -69,10 +69,11 @@ typedef struct {
  *
  * columns (transposed outputs only): NULL, and token i goes to column i of data_t; or device
  *   int32 [num_seqs + 1], the aligned layout: columns[0] == 0 and columns[n + 1] == columns[n] +
- *   (length of sequence n, rounded up to a multiple of 16), with columns[num_seqs] <=
+ *   (length of sequence n, rounded up to a multiple of 32), with columns[num_seqs] <=
  *   data_t_stride. Sequence n's token j then goes to column columns[n] + j, so that every
- *   sequence starts on a 16-byte boundary; the columns after each sequence up to the next
- *   multiple of 16, and those from columns[num_seqs] on, are set to 0.
+ *   sequence starts on a 32-byte boundary (a DRAM sector: the casts then write whole sectors);
+ *   the columns after each sequence up to the next multiple of 32, and those from
+ *   columns[num_seqs] on, are set to 0.
  *
  * key_order (current-scaling transposed output only; MXFP8 takes NVTE_EXACT_FP8_KEYS_NATURAL):
  *   NVTE_EXACT_FP8_KEYS_NATURAL puts a sequence's token j in its column j (as above);
@@ -157,7 +158,7 @@ NVTEExactFP8Status nvte_exact_fp8_per_chunk_cast_mxfp8_columnwise_transposed(
  * The offsets NVTEExactFP8Chunks takes for a thd pack, computed on the device (nothing is read
  * back to the host): from cu_seqlens [num_seqs + 1] (non-decreasing, as NVTEExactFP8Chunks
  * requires), cu_chunks[n] = the sum over m < n of ceil(len_m / chunk) and, when columns is not
- * NULL, columns[n] = the sum over m < n of len_m rounded up to a multiple of 16 (the aligned
+ * NULL, columns[n] = the sum over m < n of len_m rounded up to a multiple of 32 (the aligned
  * layout), len_m = cu_seqlens[m + 1] - cu_seqlens[m]. cu_chunks, columns: device int32
  * [num_seqs + 1]. chunk in {16, 32, 64, 128}.
  */

@@ -577,8 +577,9 @@ def per_chunk_cast_to_fp8_transposed(
     int32 (sequence n owns chunks cu_chunks[n] .. cu_chunks[n + 1] - 1; for bshd/sbhd a cached
     tensor that calls of the same shape share: read-only). See Note [Mask-exact FP8 scaling].
     aligned_columns: data_t [h_kv, d, width] instead, with sequence n's tokens from column
-    vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 16, for the attention
-    kernel's TMA boxes; width: the list's last entry) and 0 in the columns between sequences.
+    vt_layout.aligned_column_starts_list(starts)[n] on (a multiple of 32: the attention
+    kernel's TMA boxes need 16, whole DRAM sectors 32; width: the list's last entry) and 0 in the
+    columns between sequences.
     Same bytes, other columns: this decides nothing about the quantization.
     sync_free (thd): never read cu_seqlens back to the host (no device sync; the call can be
     captured in a CUDA graph and replayed with other cu_seqlens contents). cu_seqlens is then not

@@ -78,11 +78,11 @@ def aligned_columns_reference(
 ) -> Tuple[torch.Tensor, List[int]]:
     """The aligned layout (vt_layout) of a plain V8^T, built slice by slice: (bytes [h, d, width]
     uint8, each sequence's first column). v8t [h, d, t_pad] FP8 with sequence n in the columns
-    [starts[n], starts[n + 1]); each span goes to the next multiple of 16, the rest is 0."""
+    [starts[n], starts[n + 1]); each span goes to the next multiple of 32, the rest is 0."""
     spans = [b - a for a, b in zip(starts, starts[1:])]
     cols = [0]
     for span in spans:
-        cols.append(cols[-1] + (span + 15) // 16 * 16)
+        cols.append(cols[-1] + (span + 31) // 32 * 32)
     src = v8t.view(torch.uint8)
     out = torch.zeros(src.shape[:-1] + (cols[-1],), dtype=torch.uint8)
     for n, span in enumerate(spans):

@@ -6,9 +6,14 @@ quantizer's plain layout) that holds when every sequence's first token does. Whe
 (dense samples whose length is not a multiple of 16), or may not (a thd pack: the launcher does
 not read its offsets back), the quantizer writes the aligned layout instead
 (`aligned_columns=True`): sequence n's tokens from column aligned_column_starts(starts)[n] on,
-each span rounded up to a multiple of ALIGN_COLUMNS, the columns between them 0 (for a thd pack
-whose starts are on the 16-grid, the plain layout's columns). Values and scales are the same:
-this decides nothing about the quantization.
+each span rounded up to a multiple of SPAN_COLUMNS, the columns between them 0 (for a thd pack
+whose starts are on the SPAN_COLUMNS grid, the plain layout's columns). Values and scales are the
+same: this decides nothing about the quantization.
+
+SPAN_COLUMNS is 32, a DRAM sector, rather than the 16 that TMA needs: every chunk of 32 tokens or
+more then starts and ends on a sector, so the V casts write whole sectors. With 16-column spans
+the half sectors at the ends of every chunk cost a quarter of the casts' bandwidth on the H200
+(benchmarks/results/quantize_bandwidth.md); the price is at most 31 zero columns per sequence.
 
 Key order (KEY_ORDERS): "natural" puts a sequence's token j in its column j; "sm90_pv", for the
 sm90 CUDA kernel, permutes the tokens inside every complete 16-token group of a sequence so that
@@ -24,13 +29,14 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "ALIGN_COLUMNS", "aligned_column_starts", "aligned_column_starts_list",
+    "ALIGN_COLUMNS", "SPAN_COLUMNS", "aligned_column_starts", "aligned_column_starts_list",
     "aligned_width_bound", "dense_column_starts", "dense_needs_alignment", "dense_offsets",
     "KEY_ORDERS",
     "SM90_PV_KEY_ORDER", "key_order_columns",
 ]  # fmt: skip
 
 ALIGN_COLUMNS = 16  # 16 E4M3 bytes: a TMA box's start alignment
+SPAN_COLUMNS = 32  # the aligned layout's sequence spans: multiples of a 32-byte DRAM sector
 KEY_ORDERS = ("natural", "sm90_pv")
 # Column i of a complete 16-token group holds token SM90_PV_KEY_ORDER[i] of the group: lane q
 # of a quad holds keys 2 q, 2 q + 1, 8 + 2 q, 9 + 2 q of the group in the kernel's P fragment.
@@ -52,7 +58,7 @@ def key_order_columns(span: int, key_order: str) -> torch.Tensor:
 
 
 def _round_up(x):
-    return -(-x // ALIGN_COLUMNS) * ALIGN_COLUMNS
+    return -(-x // SPAN_COLUMNS) * SPAN_COLUMNS
 
 
 def aligned_column_starts_list(starts: List[int]) -> List[int]:
@@ -65,14 +71,14 @@ def aligned_column_starts_list(starts: List[int]) -> List[int]:
 
 def aligned_width_bound(tokens: int, num_seqs: int) -> int:
     """The widest aligned layout of num_seqs sequences of `tokens` tokens in all (each sequence
-    rounds up by at most ALIGN_COLUMNS - 1 columns): a width for it without reading the starts."""
-    return _round_up(tokens + num_seqs * (ALIGN_COLUMNS - 1))
+    rounds up by at most SPAN_COLUMNS - 1 columns): a width for it without reading the starts."""
+    return _round_up(tokens + num_seqs * (SPAN_COLUMNS - 1))
 
 
 def aligned_column_starts(starts: torch.Tensor) -> torch.Tensor:
     """aligned_column_starts_list on the device: [num_seqs + 1] int32 on starts' device, without
     a host sync."""
-    slots = (starts[1:] - starts[:-1] + ALIGN_COLUMNS - 1) // ALIGN_COLUMNS * ALIGN_COLUMNS
+    slots = (starts[1:] - starts[:-1] + SPAN_COLUMNS - 1) // SPAN_COLUMNS * SPAN_COLUMNS
     return F.pad(torch.cumsum(slots, 0, dtype=torch.int32), (1, 0))
 
 
@@ -84,7 +90,7 @@ def dense_needs_alignment(batch: int, seqlen: int) -> bool:
 
 def dense_column_starts(batch: int, seqlen: int, device: torch.device, aligned: bool):
     """[batch + 1] int32 on `device`: the first column of each dense sample (token index n *
-    seqlen, or with `aligned` n * seqlen rounded up to ALIGN_COLUMNS), then the end. Cached
+    seqlen, or with `aligned` n times seqlen rounded up to SPAN_COLUMNS), then the end. Cached
     (dense_offsets): read-only."""
     step = _round_up(seqlen) if aligned else seqlen
     return dense_offsets(batch, step, device)

@@ -146,7 +146,7 @@ class _Workspace(NamedTuple):
     v_scale: int  # [h_kv, num_chunks] fp32
     vt_width: int
     num_chunks: int
-    aligned: bool  # sample n's first V8^T column on the 16-grid (batch > 1, s_kv % 16 != 0)
+    aligned: bool  # V8^T in the aligned layout (batch > 1, s_kv % 16 != 0: vt_layout)
 
 
 _WORKSPACE_ALIGN = 256

@@ -275,8 +275,8 @@ def _quantize_v(v, qkv_format, seqs, recipe, use_power_2_scales, amax_epsilon):
     Chunks of V_CHUNK_CURRENT (current) or MX_BLOCK (mxfp8) tokens start at each sequence's
     first token (thd: at cu_seqlens_kv_padded). See Note [Mask-exact FP8 scaling]. Sequences
     start at 16-token aligned columns of V8^T: the quantizer writes vt_layout's aligned layout
-    for thd (whose offsets the host does not read: sizes are bounds, see quantize's sync_free)
-    and for dense samples whose first token is not on the 16-grid.
+    (32-column spans) for thd (whose offsets the host does not read: sizes are bounds, see
+    quantize's sync_free) and for dense samples whose first token is not on the 16-grid.
     """
     v = _d_contiguous(v)
     chunk = MX_BLOCK if recipe == "mxfp8" else V_CHUNK_CURRENT
