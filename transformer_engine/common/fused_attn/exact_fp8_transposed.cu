@@ -131,10 +131,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     mxfp8_cast_transposed_kernel(const ChunkParams p, const int tiles_per_head) {
   const int head = blockIdx.y;
   if (blockIdx.x == 0) {
-    const int64_t rank = static_cast<int64_t>(head) * kThreads + threadIdx.x;
-    const int64_t count = static_cast<int64_t>(p.heads) * kThreads;
-    zero_unowned_columns(p, rank, count);
-    zero_span_tails(p, rank, count);
+    zero_unwritten_columns(p, static_cast<int64_t>(head) * kThreads + threadIdx.x,
+                           static_cast<int64_t>(p.heads) * kThreads);
     return;
   }
   const int tile = (blockIdx.x - 1) * kWarps + threadIdx.x / kWarpSize;

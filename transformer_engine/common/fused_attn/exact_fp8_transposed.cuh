@@ -89,8 +89,6 @@ struct ChunkSpan {
   int64_t src_offset;  // elements from the view's origin to the chunk's first token
   int64_t column;      // column of that token in data_t (its token index, or aligned)
   int len;             // tokens in the chunk (the last chunk of a sequence may be short; 0: none)
-  int sample;          // the view's (sample, token) coordinates of that token (a TMA box's)
-  int token;
 };
 
 /* Chunk `chunk` of a sample (no cu_seqlens): arithmetic only. */
@@ -101,7 +99,7 @@ __device__ ChunkSpan chunk_of_sample(const ChunkParams &p, int chunk) {
   const int64_t column0 =
       p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
   return {sample * p.stride_batch + first * p.stride_seq, column0 + first,
-          min(kChunk, p.seqlen - first), sample, first};
+          min(kChunk, p.seqlen - first)};
 }
 
 /* Chunk `chunk` of a thd pack, held by sequence `seq`. */
@@ -111,7 +109,7 @@ __device__ ChunkSpan chunk_of_sequence(const ChunkParams &p, int chunk, int seq)
   const int first = start + (chunk - __ldg(p.cu_chunks + seq)) * kChunk;
   const int end = __ldg(p.cu_seqlens + seq + 1);
   const int64_t column = p.columns != nullptr ? __ldg(p.columns + seq) + (first - start) : first;
-  return {first * p.stride_seq, column, min(kChunk, end - first), 0, first};
+  return {first * p.stride_seq, column, min(kChunk, end - first)};
 }
 
 /* Whether `chunk` holds no token: past the last span's last chunk, or (thd) past
@@ -125,7 +123,7 @@ __device__ __forceinline__ bool chunk_is_empty(const ChunkParams &p, int chunk) 
  * cu_chunks[n] <= chunk (which skips empty sequences): a binary search. */
 template <int kChunk>
 __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
-  if (chunk_is_empty(p, chunk)) return {0, 0, 0, 0, 0};
+  if (chunk_is_empty(p, chunk)) return {0, 0, 0};
   if (p.cu_seqlens == nullptr) return chunk_of_sample<kChunk>(p, chunk);
   int lo = 0;
   int hi = p.num_seqs - 1;
@@ -148,7 +146,7 @@ __device__ ChunkSpan locate_chunk(const ChunkParams &p, int chunk) {
 template <int kChunk>
 __device__ ChunkSpan locate_chunk_warp(const ChunkParams &p, int chunk) {
   if (chunk >= p.num_chunks || (p.cu_seqlens != nullptr && p.num_seqs < 1)) {
-    return {0, 0, 0, 0, 0};
+    return {0, 0, 0};
   }
   if (p.cu_seqlens == nullptr) return chunk_of_sample<kChunk>(p, chunk);
   const int lane = threadIdx.x % kWarpSize;
@@ -165,7 +163,7 @@ __device__ ChunkSpan locate_chunk_warp(const ChunkParams &p, int chunk) {
       const int start = __ldg(p.cu_seqlens + n);
       const int end = __ldg(p.cu_seqlens + n + 1);
       const int column0 = p.columns != nullptr ? __ldg(p.columns + n) : start;
-      if (chunk >= total) return {0, 0, 0, 0, 0};
+      if (chunk >= total) return {0, 0, 0};
       const unsigned at_or_before = __ballot_sync(kFullWarp, at_or_before_chunk);
       const int src = kWarpSize - 1 - __clz(at_or_before);  // the last such lane; lane 0 is one
       const int first = __shfl_sync(kFullWarp, start, src) +
@@ -173,7 +171,7 @@ __device__ ChunkSpan locate_chunk_warp(const ChunkParams &p, int chunk) {
       const int len = min(kChunk, __shfl_sync(kFullWarp, end, src) - first);
       const int64_t column = static_cast<int64_t>(__shfl_sync(kFullWarp, column0, src)) +
                              (first - __shfl_sync(kFullWarp, start, src));
-      return {first * p.stride_seq, column, len, 0, first};
+      return {first * p.stride_seq, column, len};
     }
     const unsigned at_or_before = __ballot_sync(kFullWarp, at_or_before_chunk);
     lo += step * (kWarpSize - 1 - __clz(at_or_before));
@@ -205,8 +203,7 @@ __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow
 /* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
  * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. In the
  * aligned layout the columns after a sequence's last token up to the next multiple of 16 are
- * padding: the lane of that last token writes them 0 (zero_span_tails the rest of the padding).
- */
+ * padding: the lane of that last token writes them 0 (zero_span_tails the rest of it). */
 __device__ __forceinline__ void store_channel(const ChunkParams &p, int head, int channel,
                                               int64_t column, int valid,
                                               const uint32_t (&bytes)[4]) {
@@ -268,6 +265,14 @@ __device__ __forceinline__ void zero_unowned_columns(const ChunkParams &p, int64
     const int64_t row = k / width;
     p.data_t[row * p.data_t_stride + end + k - row * width] = 0;
   }
+}
+
+/* Every data_t column that no lane writes, thread `rank` of `count`: the columns of no sequence
+ * and the aligned layout's span tails. */
+__device__ __forceinline__ void zero_unwritten_columns(const ChunkParams &p, int64_t rank,
+                                                       int64_t count) {
+  zero_unowned_columns(p, rank, count);
+  zero_span_tails(p, rank, count);
 }
 
 }  // namespace transposed

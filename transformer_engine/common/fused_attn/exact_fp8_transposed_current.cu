@@ -205,10 +205,8 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kM
       cast_and_store_lane<T, false>(p, head, rows, scale, channel, column, valid);
     }
   }
-  const int64_t rank = static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x;
-  const int64_t count = static_cast<int64_t>(gridDim.x) * S::kThreads;
-  zero_unowned_columns(p, rank, count);
-  zero_span_tails(p, rank, count);
+  zero_unwritten_columns(p, static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x,
+                         static_cast<int64_t>(gridDim.x) * S::kThreads);
 }
 
 template <typename T, int kHeadDim, int kChunk>
