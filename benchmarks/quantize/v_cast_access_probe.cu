@@ -86,29 +86,36 @@ __device__ __forceinline__ void cast_store_lane(const uint32_t (&r)[16][4], floa
   }
 }
 
+// Where a lane of the probe kernels works: a warp is GROUPS token groups of 16 tokens x
+// (32 / GROUPS) pieces of 8 channels; ORDER 0: items head fastest, 1: span fastest.
+template <int GROUPS, int ORDER>
+struct ProbeLane {
+  static constexpr int PIECES = 32 / GROUPS;  // 16-byte pieces per lane row group
+  static constexpr int WTOK = GROUPS * 16;    // tokens of a warp unit
+  static constexpr int WCH = PIECES * 8;      // channels of a warp unit
+  static constexpr int TUNITS = 128 / WTOK;   // token units per span
+  int warp, lane, span, head, tok0, ch0;
+  __device__ ProbeLane(int item, int t, int h) {
+    warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    const int spans = t / 128;
+    if (ORDER == 0) { span = item / h; head = item % h; } else { head = item / spans; span = item % spans; }
+    tok0 = span * 128 + warp % TUNITS * WTOK + lane / PIECES * 16;
+    ch0 = warp / TUNITS * WCH + lane % PIECES * 8;
+  }
+};
+
 // Register-tile transposed cast. A warp: GROUPS token groups of 16 tokens x (32/GROUPS) pieces of 8 channels.
 // A block: 4 warps covering one item = 128*SPANS tokens x 128 channels of one head... (SPANS spans per warp, looped)
 // ORDER 0: head fastest; 1: span fastest. PERSIST: grid-stride over items.
 template <int GROUPS, int ORDER>
 __global__ void __launch_bounds__(128) vt_reg(const uint16_t *__restrict__ v, uint8_t *__restrict__ out, int t, int h,
                                               int items, float s) {
-  const int ostride = t;
-  constexpr int PIECES = 32 / GROUPS;          // 16-byte pieces per lane row group
-  constexpr int WTOK = GROUPS * 16;            // tokens of a warp unit
-  constexpr int WCH = PIECES * 8;              // channels of a warp unit
-  constexpr int TUNITS = 128 / WTOK;           // token units per span
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tu = warp % TUNITS, cu = warp / TUNITS;
-  const int g = lane / PIECES, piece = lane % PIECES;
-  const int spans = t / 128;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    int span, head;
-    if (ORDER == 0) { span = item / h; head = item % h; } else { head = item / spans; span = item % spans; }
-    const int tok0 = span * 128 + tu * WTOK + g * 16;
-    const int ch0 = cu * WCH + piece * 8;
+    const ProbeLane<GROUPS, ORDER> l(item, t, h);
     uint32_t r[16][4];
-    load_lane(v, h, head, tok0, ch0, r);
-    cast_store_lane(r, s, out, ostride, head, tok0, ch0);
+    load_lane(v, h, l.head, l.tok0, l.ch0, r);
+    cast_store_lane(r, s, out, t, l.head, l.tok0, l.ch0);
   }
 }
 
@@ -120,21 +127,11 @@ __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, u
                                                float *__restrict__ scales, int t, int h, int items, int ostride = 0,
                                                int oshift = 0) {
   if (ostride == 0) ostride = t;
-  constexpr int PIECES = 32 / GROUPS;
-  constexpr int WTOK = GROUPS * 16;
-  constexpr int WCH = PIECES * 8;
-  constexpr int TUNITS = 128 / WTOK;
   __shared__ float partial[2][4];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tu = warp % TUNITS, cu = warp / TUNITS;
-  const int g = lane / PIECES, piece = lane % PIECES;
-  const int spans = t / 128;
   int parity = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
-    int span, head;
-    if (ORDER == 0) { span = item / h; head = item % h; } else { head = item / spans; span = item % spans; }
-    const int tok0 = span * 128 + tu * WTOK + g * 16;
-    const int ch0 = cu * WCH + piece * 8;
+    const ProbeLane<GROUPS, ORDER> l(item, t, h);
+    const int warp = l.warp, lane = l.lane, head = l.head, span = l.span, tok0 = l.tok0, ch0 = l.ch0;
     uint32_t r[16][4];
     load_lane(v, h, head, tok0, ch0, r);
     __nv_bfloat162 m = __float2bfloat162_rn(0.f);
@@ -152,7 +149,7 @@ __global__ void __launch_bounds__(128) vt_amax(const uint16_t *__restrict__ v, u
     __syncthreads();
     a = fmaxf(fmaxf(partial[parity][0], partial[parity][1]), fmaxf(partial[parity][2], partial[parity][3]));
     const float s = a > 0.f ? __fdiv_rn(448.f, a) : 1.f;
-    if (threadIdx.x == 0) scales[(int64_t)head * spans + span] = __frcp_rn(s);
+    if (threadIdx.x == 0) scales[(int64_t)head * (t / 128) + span] = __frcp_rn(s);
     cast_store_lane(r, s, out, ostride, head, tok0 + oshift, ch0);
   }
 }
