@@ -29,6 +29,33 @@ constexpr int kTokenGroups = kSpanTokens / kTokensPerLane;           // 8 lanes 
 constexpr int kChannelGroups = kWarpSize / kTokenGroups;             // 4 lanes along the channels
 constexpr int kChannelsPerWarp = kChannelGroups * kChannelsPerLane;  // 32: a warp's slice
 
+/* Division of non-negative 31-bit integers by a divisor fixed at launch, in one multiply-high,
+ * one add and one shift (an integer division is a ~20-instruction subroutine on the GPU): with
+ * s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, n / d = (umulhi(n, m) + n) >> s for
+ * 0 <= n < 2^31 (Granlund and Montgomery, PLDI 1994, section 4). */
+struct InvariantDivisor {
+  uint32_t divisor;
+  uint32_t multiplier;
+  uint32_t shift;
+
+  static InvariantDivisor of(int divisor) {  // divisor >= 1
+    const uint32_t d = static_cast<uint32_t>(divisor > 0 ? divisor : 1);
+    uint32_t s = 0;
+    while ((uint64_t{1} << s) < d) ++s;
+    const uint64_t m = (uint64_t{1} << 32) * ((uint64_t{1} << s) - d) / d + 1;
+    return {d, static_cast<uint32_t>(m), s};
+  }
+  __host__ __device__ __forceinline__ int divide(int n) const {  // 0 <= n < 2^31
+    const uint32_t u = static_cast<uint32_t>(n);
+#ifdef __CUDA_ARCH__
+    const uint32_t high = __umulhi(u, multiplier);
+#else
+    const uint32_t high = static_cast<uint32_t>((uint64_t{u} * multiplier) >> 32);
+#endif
+    return static_cast<int>((high + u) >> shift);
+  }
+};
+
 /* What both kernels read: the view, its sequences and the outputs. */
 struct ChunkParams {
   const void *v;  // [batch, seqlen, heads, head_dim] view, element strides below
@@ -45,10 +72,10 @@ struct ChunkParams {
   bool sm90_pv_keys;          // NVTE_EXACT_FP8_KEYS_SM90_PV: complete 16-token groups permuted
   int num_seqs;
   int num_chunks;
-  int chunks_per_sample;  // without cu_seqlens
-  int num_spans;          // spans of 128 / chunk consecutive chunks (the last may be partial)
-  int64_t tokens;         // batch * seqlen
-  uint8_t *data_t;        // [heads, head_dim, data_t_stride] E4M3
+  InvariantDivisor chunks_per_sample;  // without cu_seqlens
+  int num_spans;    // spans of 128 / chunk consecutive chunks (the last may be partial)
+  int64_t tokens;   // batch * seqlen
+  uint8_t *data_t;  // [heads, head_dim, data_t_stride] E4M3
   int64_t data_t_stride;
   void *scales;  // current: [heads, num_chunks] fp32 scale_inv; MXFP8: [heads, num_chunks,
                  // head_dim] E8M0 codes
@@ -61,27 +88,28 @@ inline ChunkParams make_chunk_params(const NVTEExactFP8TokenView &v,
                                      uint8_t *data_t, int64_t data_t_stride, void *scales) {
   const int chunks_per_span = kSpanTokens / chunks.chunk;
   const int num_chunks = static_cast<int>(chunks.num_chunks);
-  return ChunkParams{v.data,
-                     v.stride_batch,
-                     v.stride_seq,
-                     v.stride_head,
-                     static_cast<int>(v.seqlen),
-                     static_cast<int>(v.batch),
-                     static_cast<int>(v.heads),
-                     static_cast<int>(v.head_dim),
-                     chunks.cu_seqlens,
-                     chunks.cu_chunks,
-                     chunks.columns,
-                     chunks.key_order == NVTE_EXACT_FP8_KEYS_SM90_PV,
-                     static_cast<int>(chunks.num_seqs),
-                     num_chunks,
-                     static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk),
-                     (num_chunks + chunks_per_span - 1) / chunks_per_span,
-                     v.batch * v.seqlen,
-                     data_t,
-                     data_t_stride,
-                     scales,
-                     opts};
+  return ChunkParams{
+      v.data,
+      v.stride_batch,
+      v.stride_seq,
+      v.stride_head,
+      static_cast<int>(v.seqlen),
+      static_cast<int>(v.batch),
+      static_cast<int>(v.heads),
+      static_cast<int>(v.head_dim),
+      chunks.cu_seqlens,
+      chunks.cu_chunks,
+      chunks.columns,
+      chunks.key_order == NVTE_EXACT_FP8_KEYS_SM90_PV,
+      static_cast<int>(chunks.num_seqs),
+      num_chunks,
+      InvariantDivisor::of(static_cast<int>((v.seqlen + chunks.chunk - 1) / chunks.chunk)),
+      (num_chunks + chunks_per_span - 1) / chunks_per_span,
+      v.batch * v.seqlen,
+      data_t,
+      data_t_stride,
+      scales,
+      opts};
 }
 
 /* Where a chunk's tokens are. */
@@ -94,8 +122,8 @@ struct ChunkSpan {
 /* Chunk `chunk` of a sample (no cu_seqlens): arithmetic only. */
 template <int kChunk>
 __device__ ChunkSpan chunk_of_sample(const ChunkParams &p, int chunk) {
-  const int sample = chunk / p.chunks_per_sample;
-  const int first = (chunk - sample * p.chunks_per_sample) * kChunk;
+  const int sample = p.chunks_per_sample.divide(chunk);
+  const int first = (chunk - sample * static_cast<int>(p.chunks_per_sample.divisor)) * kChunk;
   const int64_t column0 =
       p.columns != nullptr ? __ldg(p.columns + sample) : static_cast<int64_t>(sample) * p.seqlen;
   return {sample * p.stride_batch + first * p.stride_seq, column0 + first,

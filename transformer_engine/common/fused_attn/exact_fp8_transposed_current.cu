@@ -5,7 +5,7 @@
  * chunks start at each sequence's first token and never cross a sequence.
  *
  * One pass, registers only, one block per work item. An item is a span of 128 tokens (128 / chunk
- * consecutive chunks) of one head; items run span fastest (span_and_head). A block is
+ * consecutive chunks) of one head; the grid runs the spans fastest. A block is
  * head_dim / 32 warps: warp w holds tokens 64 (w / slices) .. + 63 of the span for channels
  * 64 (w % slices) .. + 63 (slices = head_dim / 64), and its lane (token group g = lane / 8, piece
  * k = lane % 8) holds tokens 16 g .. + 15 of those 64 for channels 8 k .. + 7:
@@ -118,26 +118,32 @@ __device__ void load_rows(const ChunkParams &p, int head, int channel, const Chu
 
 /* The lane's max |x| over its rows (exact, on the packed 16-bit pairs; the rows past its real
  * tokens are 0), and whether one of them holds a NaN. A NaN decides no scale: its amax is then
- * the max over the other values (a second fold, on the rare lanes that hold a NaN). */
+ * the max over the other values (a second fold, on the rare lanes that hold a NaN). Each fold
+ * runs one chain per channel pair, so that it waits on 16 dependent maxima rather than 64. */
 template <typename T>
 __device__ float lane_amax(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], bool *has_nan) {
   // rows from `valid` on are 0 (load_rows), so folding all 16 gives the same max
-  uint32_t pairs = 0;  // running max of |x|, packed like the input, NaN kept
+  static_assert(kWordsPerRow == 4, "the chains fold as two pairs");
+  uint32_t pairs[kWordsPerRow] = {};  // running max of |x| per channel pair, NaN kept
 #pragma unroll
   for (int j = 0; j < kTokensPerLane; ++j) {
 #pragma unroll
-    for (int w = 0; w < kWordsPerRow; ++w) pairs = abs_max2_keep_nan<T>(pairs, rows[j][w]);
+    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = abs_max2_keep_nan<T>(pairs[w], rows[j][w]);
   }
-  float2 pair = to_float2(abs_max2_sign_cleared(pairs), T{});
+  const uint32_t folded = abs_max2_keep_nan<T>(abs_max2_keep_nan<T>(pairs[0], pairs[1]),
+                                               abs_max2_keep_nan<T>(pairs[2], pairs[3]));
+  float2 pair = to_float2(abs_max2_sign_cleared(folded), T{});
   *has_nan = is_nan(pair.x) || is_nan(pair.y);
   if (*has_nan) {
-    pairs = 0;
+#pragma unroll
+    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = 0;
 #pragma unroll
     for (int j = 0; j < kTokensPerLane; ++j) {
 #pragma unroll
-      for (int w = 0; w < kWordsPerRow; ++w) pairs = abs_max2<T>(pairs, rows[j][w]);
+      for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = abs_max2<T>(pairs[w], rows[j][w]);
     }
-    pair = to_float2(pairs, T{});
+    pair = to_float2(abs_max2<T>(abs_max2<T>(pairs[0], pairs[1]), abs_max2<T>(pairs[2], pairs[3])),
+                     T{});
   }
   return fmaxf(pair.x, pair.y);
 }
@@ -178,46 +184,55 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head, const Lan
   return scale;
 }
 
-/* Grid: one block per item (spans x heads, at least one block); every block also zeroes its
- * share of the columns that belong to no sequence and of the aligned layout's span tails. */
+/* Item (span, head): load, amax, ONE block barrier, cast and store. */
+template <typename T, int kHeadDim, int kChunk, bool kVectorized>
+__device__ __forceinline__ void cast_item(const ChunkParams &p, int span, int head,
+                                          float (*partial)[kSpanTokens / kChunk]) {
+  using S = Shape<kHeadDim>;
+  const Lane<kChunk> lane = Lane<kChunk>::template of_thread<S::kSlices>();
+  const ChunkSpan s = lane_chunk<kChunk>(p, span, lane);
+  const int channel = lane.slice * kWarpChannels + lane.piece * kChannelsPerLane;
+  const int valid = s.len - lane.first;         // the lane's real tokens (<= 0: none)
+  uint32_t rows[kTokensPerLane][kWordsPerRow];  // [token, channel pair] raw 16-bit pairs
+  load_rows<T, kVectorized>(p, head, channel, s, lane.first, valid, rows);
+  bool has_nan = false;
+  const float amax = lane_amax<T>(rows, &has_nan);
+  warp_chunk_amax<kChunk>(amax, lane, partial[threadIdx.x / kWarpSize]);
+  __syncthreads();  // every warp's partials are written
+  const float scale = chunk_scale<kHeadDim, kChunk>(p, span, head, lane, s.len, partial);
+  const int64_t column = s.column + lane.first;
+  if (valid > 0 && !has_nan) {
+    cast_and_store_lane<T, true>(p, head, rows, scale, channel, column, valid);
+  } else if (valid > 0) {
+    cast_and_store_lane<T, false>(p, head, rows, scale, channel, column, valid);
+  }
+}
+
+/* Grid: [spans, heads] blocks (at least one); every block also zeroes its share of the columns
+ * that belong to no sequence and of the aligned layout's span tails. */
 template <typename T, int kHeadDim, int kChunk, bool kVectorized>
 __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kMinBlocksPerSm)
-    current_cast_transposed_kernel(const ChunkParams p, const int64_t items) {
+    current_cast_transposed_kernel(const ChunkParams p) {
   using S = Shape<kHeadDim>;
   __shared__ float partial[S::kWarps][kSpanTokens / kChunk];  // the warps' chunk amaxes
-  if (blockIdx.x < items) {
-    const auto [span, head] = span_and_head(p, static_cast<int>(blockIdx.x));
-    const Lane<kChunk> lane = Lane<kChunk>::template of_thread<S::kSlices>();
-    const ChunkSpan s = lane_chunk<kChunk>(p, span, lane);
-    const int channel = lane.slice * kWarpChannels + lane.piece * kChannelsPerLane;
-    const int valid = s.len - lane.first;         // the lane's real tokens (<= 0: none)
-    uint32_t rows[kTokensPerLane][kWordsPerRow];  // [token, channel pair] raw 16-bit pairs
-    load_rows<T, kVectorized>(p, head, channel, s, lane.first, valid, rows);
-    bool has_nan = false;
-    const float amax = lane_amax<T>(rows, &has_nan);
-    warp_chunk_amax<kChunk>(amax, lane, partial[threadIdx.x / kWarpSize]);
-    __syncthreads();  // every warp's partials are written
-    const float scale = chunk_scale<kHeadDim, kChunk>(p, span, head, lane, s.len, partial);
-    const int64_t column = s.column + lane.first;
-    if (valid > 0 && !has_nan) {
-      cast_and_store_lane<T, true>(p, head, rows, scale, channel, column, valid);
-    } else if (valid > 0) {
-      cast_and_store_lane<T, false>(p, head, rows, scale, channel, column, valid);
-    }
+  const int span = static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.y);
+  if (span < p.num_spans && head < p.heads) {
+    cast_item<T, kHeadDim, kChunk, kVectorized>(p, span, head, partial);
   }
-  zero_unwritten_columns(p, static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x,
-                         static_cast<int64_t>(gridDim.x) * S::kThreads);
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  zero_unwritten_columns(p, block * S::kThreads + threadIdx.x,
+                         static_cast<int64_t>(gridDim.x) * gridDim.y * S::kThreads);
 }
 
 template <typename T, int kHeadDim, int kChunk>
 cudaError_t launch_shaped(const ChunkParams &p, bool vectorized, cudaStream_t stream) {
   using S = Shape<kHeadDim>;
-  const int64_t items = static_cast<int64_t>(p.num_spans) * p.heads;
-  if (items > kMaxGridBlocks) return cudaErrorInvalidConfiguration;
-  const unsigned grid = static_cast<unsigned>(items > 0 ? items : 1);
+  if (p.heads > kMaxGridHeads) return cudaErrorInvalidConfiguration;
+  const dim3 grid(p.num_spans > 0 ? p.num_spans : 1, p.heads > 0 ? p.heads : 1);
   auto kernel = vectorized ? current_cast_transposed_kernel<T, kHeadDim, kChunk, true>
                            : current_cast_transposed_kernel<T, kHeadDim, kChunk, false>;
-  kernel<<<grid, S::kThreads, 0, stream>>>(p, items);
+  kernel<<<grid, S::kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -16,7 +16,6 @@ namespace exact_fp8 {
 namespace transposed {
 
 constexpr int kMaxHeadDim = 256;
-constexpr int64_t kMaxGridBlocks = 2147483647;  // gridDim.x
 
 /* The 16 E4M3 bytes of one channel and 16-token group (word w: tokens 4 w .. 4 w + 3) in
  * NVTE_EXACT_FP8_KEYS_SM90_PV order: word q of the result holds tokens 2 q, 2 q + 1, 8 + 2 q,
@@ -50,23 +49,27 @@ __device__ __forceinline__ void cast_and_store_group(
 /* A lane's 8 channels from `channel` on, its `valid` real tokens times `scale` (the chunk's: see
  * Note [Mask-exact FP8 scaling]), into data_t ([heads, head_dim, data_t_stride] E4M3) from
  * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it.
- * rows: [token, channel pair] raw 16-bit pairs; kNoNaN: none of them is NaN. The common case (a
- * complete group at a 16-aligned column) takes straight-line code with no byte-store branches. */
+ * rows: [token, channel pair] raw 16-bit pairs, 0 from row `valid` on; kNoNaN: none of them is
+ * NaN. A group at a 16-aligned column leaves as 16-byte stores with no byte-store branches when
+ * it is complete, and in the aligned layout also when it is not: there the columns after a
+ * sequence's last token up to the next multiple of 16 are padding that this lane writes 0, and
+ * the rows past `valid` are 0, whose E4M3 byte is 0 (such a group stays in token order). */
 template <typename T, bool kNoNaN>
 __device__ __forceinline__ void cast_and_store_lane(
     const ChunkParams &p, int head, const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
     float scale, int channel, int64_t column, int valid) {
-  if (valid >= kTokensPerLane && column % kTokensPerLane == 0) {
+  const bool complete = valid >= kTokensPerLane;
+  if (column % kTokensPerLane == 0 && (complete || p.columns != nullptr)) {
     uint8_t *dst =
         p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
-    if (p.sm90_pv_keys) {
+    if (p.sm90_pv_keys && complete) {
       cast_and_store_group<T, kNoNaN, true>(rows, scale, dst, p.data_t_stride);
     } else {
       cast_and_store_group<T, kNoNaN, false>(rows, scale, dst, p.data_t_stride);
     }
     return;
   }
-  const bool permute = p.sm90_pv_keys && valid >= kTokensPerLane;  // complete, unaligned
+  const bool permute = p.sm90_pv_keys && complete;  // complete, unaligned
 #pragma unroll
   for (int ch = 0; ch < kChannelsPerLane; ++ch) {  // a short or unaligned group: byte stores
     uint32_t bytes[4];
@@ -76,18 +79,12 @@ __device__ __forceinline__ void cast_and_store_lane(
   }
 }
 
-/* A work item's span and head. Items run span fastest (item = head * num_spans + span), so the
- * blocks at work at once write neighbouring columns of the same data_t rows: on the H200 the
- * transposed writes of head-fastest items (the blocks at work spread over every head's rows)
- * cost 6-10 points of the copy's bandwidth (benchmarks/results/quantize_bandwidth.md). */
-struct SpanHead {
-  int span;
-  int head;
-};
-__device__ __forceinline__ SpanHead span_and_head(const ChunkParams &p, int item) {
-  const int head = item / p.num_spans;  // 32-bit: items <= kMaxGridBlocks
-  return {item - head * p.num_spans, head};
-}
+/* The grid of the current cast: blockIdx.x is the item's span and blockIdx.y its head, so the
+ * blocks at work at once take neighbouring spans of one head and write neighbouring columns of
+ * the same data_t rows: on the H200 the transposed writes of head-fastest items (the blocks at
+ * work spread over every head's rows) cost 6-10 points of the copy's bandwidth
+ * (benchmarks/results/quantize_bandwidth.md). */
+constexpr int kMaxGridHeads = 65535;  // gridDim.y
 
 template <int kValue>
 using Int = std::integral_constant<int, kValue>;
