@@ -231,14 +231,16 @@ __device__ void cast_channel(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow
 /* 16 E4M3 bytes of one channel -> data_t at `column`: one 16-byte store when the column is
  * 16-aligned and all 16 tokens are real, byte stores of the `valid` real tokens otherwise. In the
  * aligned layout the columns after a sequence's last token up to the next multiple of 16 are
- * padding: the lane of that last token writes them 0 (zero_span_tails the rest of it). */
+ * padding that the lane of that last token writes 0 (zero_span_tails the rest of the span), and
+ * the bytes of the tokens past `valid` are 0 (their rows are loaded as 0): there a short group at a
+ * 16-aligned column is one 16-byte store too. */
 __device__ __forceinline__ void store_channel(const ChunkParams &p, int head, int channel,
                                               int64_t column, int valid,
                                               const uint32_t (&bytes)[4]) {
   if (valid <= 0) return;
   uint8_t *dst =
       p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
-  if (valid >= kTokensPerLane && column % 16 == 0) {
+  if (column % 16 == 0 && (valid >= kTokensPerLane || p.columns != nullptr)) {
     *reinterpret_cast<uint4 *>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
     return;
   }
