@@ -29,9 +29,9 @@ __device__ __forceinline__ void to_sm90_pv_key_order(uint32_t (&bytes)[4]) {
   }
 }
 
-/* The lane's 8 channels of a complete, 16-aligned token group: one 16-byte store per channel
- * into the data_t row at `dst` (row stride `stride` bytes), in the sm90_pv key order if
- * kPermute. */
+/* The lane's 8 channels of a 16-aligned token group (complete, or a sequence's short last group
+ * in the aligned layout: cast_and_store_lane): one 16-byte store per channel into the data_t row
+ * at `dst` (row stride `stride` bytes), in the sm90_pv key order if kPermute. */
 template <typename T, bool kNoNaN, bool kPermute>
 __device__ __forceinline__ void cast_and_store_group(
     const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], float scale, uint8_t *dst,
@@ -71,7 +71,7 @@ __device__ __forceinline__ void cast_and_store_lane(
   }
   const bool permute = p.sm90_pv_keys && complete;  // complete, unaligned
 #pragma unroll
-  for (int ch = 0; ch < kChannelsPerLane; ++ch) {  // a short or unaligned group: byte stores
+  for (int ch = 0; ch < kChannelsPerLane; ++ch) {  // unaligned, or short and not aligned layout
     uint32_t bytes[4];
     cast_channel<T, kNoNaN>(rows, ch, scale, bytes);
     if (permute) to_sm90_pv_key_order(bytes);
