@@ -116,35 +116,34 @@ __device__ void load_rows(const ChunkParams &p, int head, int channel, const Chu
   }
 }
 
-/* The lane's max |x| over its rows (exact, on the packed 16-bit pairs; the rows past its real
- * tokens are 0), and whether one of them holds a NaN. A NaN decides no scale: its amax is then
- * the max over the other values (a second fold, on the rare lanes that hold a NaN). Each fold
- * runs one chain per channel pair, so that it waits on 16 dependent maxima rather than 64. */
-template <typename T>
-__device__ float lane_amax(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], bool *has_nan) {
-  // rows from `valid` on are 0 (load_rows), so folding all 16 gives the same max
+/* Per-half max |x| over the lane's rows, packed like the input: one chain per channel pair (16
+ * dependent maxima, not 64), then the four chains. kKeepNaN: NaN wins (abs_max2_keep_nan; the
+ * signs are then garbage, see abs_max2_sign_cleared), else NaN is skipped (abs_max2). */
+template <typename T, bool kKeepNaN>
+__device__ __forceinline__ uint32_t
+fold_rows(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow]) {
   static_assert(kWordsPerRow == 4, "the chains fold as two pairs");
-  uint32_t pairs[kWordsPerRow] = {};  // running max of |x| per channel pair, NaN kept
+  auto max2 = [](uint32_t a, uint32_t b) {
+    return kKeepNaN ? abs_max2_keep_nan<T>(a, b) : abs_max2<T>(a, b);
+  };
+  uint32_t pairs[kWordsPerRow] = {};
 #pragma unroll
   for (int j = 0; j < kTokensPerLane; ++j) {
 #pragma unroll
-    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = abs_max2_keep_nan<T>(pairs[w], rows[j][w]);
+    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = max2(pairs[w], rows[j][w]);
   }
-  const uint32_t folded = abs_max2_keep_nan<T>(abs_max2_keep_nan<T>(pairs[0], pairs[1]),
-                                               abs_max2_keep_nan<T>(pairs[2], pairs[3]));
-  float2 pair = to_float2(abs_max2_sign_cleared(folded), T{});
+  return max2(max2(pairs[0], pairs[1]), max2(pairs[2], pairs[3]));
+}
+
+/* The lane's max |x| over its rows (exact, on the packed 16-bit pairs; the rows past its real
+ * tokens are 0), and whether one of them holds a NaN. A NaN decides no scale: its amax is then
+ * the max over the other values (a second fold, on the rare lanes that hold a NaN). */
+template <typename T>
+__device__ float lane_amax(const uint32_t (&rows)[kTokensPerLane][kWordsPerRow], bool *has_nan) {
+  // rows from `valid` on are 0 (load_rows), so folding all 16 gives the same max
+  float2 pair = to_float2(abs_max2_sign_cleared(fold_rows<T, true>(rows)), T{});
   *has_nan = is_nan(pair.x) || is_nan(pair.y);
-  if (*has_nan) {
-#pragma unroll
-    for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = 0;
-#pragma unroll
-    for (int j = 0; j < kTokensPerLane; ++j) {
-#pragma unroll
-      for (int w = 0; w < kWordsPerRow; ++w) pairs[w] = abs_max2<T>(pairs[w], rows[j][w]);
-    }
-    pair = to_float2(abs_max2<T>(abs_max2<T>(pairs[0], pairs[1]), abs_max2<T>(pairs[2], pairs[3])),
-                     T{});
-  }
+  if (*has_nan) pair = to_float2(fold_rows<T, false>(rows), T{});
   return fmaxf(pair.x, pair.y);
 }
 

@@ -48,20 +48,17 @@ __device__ __forceinline__ void cast_and_store_group(
 
 /* A lane's 8 channels from `channel` on, its `valid` real tokens times `scale` (the chunk's: see
  * Note [Mask-exact FP8 scaling]), into data_t ([heads, head_dim, data_t_stride] E4M3) from
- * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it.
- * rows: [token, channel pair] raw 16-bit pairs, 0 from row `valid` on; kNoNaN: none of them is
- * NaN. A group at a 16-aligned column leaves as 16-byte stores with no byte-store branches when
- * it is complete, and in the aligned layout also when it is not: there the columns after a
- * sequence's last token up to the next multiple of 16 are padding that this lane writes 0, and
- * the rows past `valid` are 0, whose E4M3 byte is 0 (such a group stays in token order). */
+ * column `column` on; a complete 16-token group in the sm90_pv key order where p asks for it, a
+ * short one in token order. rows: [token, channel pair] raw 16-bit pairs, 0 from row `valid` on;
+ * kNoNaN: none of them is NaN. A group that store_channel would write whole takes straight-line
+ * code with no byte-store branches. */
 template <typename T, bool kNoNaN>
 __device__ __forceinline__ void cast_and_store_lane(
     const ChunkParams &p, int head, const uint32_t (&rows)[kTokensPerLane][kWordsPerRow],
     float scale, int channel, int64_t column, int valid) {
   const bool complete = valid >= kTokensPerLane;
-  if (column % kTokensPerLane == 0 && (complete || p.columns != nullptr)) {
-    uint8_t *dst =
-        p.data_t + (static_cast<int64_t>(head) * p.head_dim + channel) * p.data_t_stride + column;
+  if (column % kTokensPerLane == 0 && (complete || p.columns != nullptr)) {  // see store_channel
+    uint8_t *dst = data_t_row(p, head, channel) + column;
     if (p.sm90_pv_keys && complete) {
       cast_and_store_group<T, kNoNaN, true>(rows, scale, dst, p.data_t_stride);
     } else {
