@@ -32,10 +32,11 @@ CUDA_SOURCES = (
     "transformer_engine/common/fused_attn/exact_fp8_transposed.cu",
     "transformer_engine/common/fused_attn/exact_fp8_transposed_current.cu",
 )
-# The sm90 attention forward: CuTe/CUTLASS, wgmma and TMA, so sm_90a only.
+# The sm90 attention forward and backward: CuTe/CUTLASS, wgmma and TMA, so sm_90a only.
 SM90A_SOURCES = (
     "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/launcher.cu",
     "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/driver_api.cu",
+    "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/backward_launcher.cu",
 )
 SM90A_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 # CuTe calls cuTensorMapEncodeTiled by name; driver_api.cu defines it (as CMakeLists.txt says)

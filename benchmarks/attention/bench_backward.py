@@ -1,11 +1,15 @@
 """Mask-exact FP8 attention backward on the GPU: speed next to torch's BF16 SDPA, one run.
 
     python benchmarks/attention/bench_backward.py --out DIR [--rounds 3] [--quick]
+        [--recipes current,mxfp8] [--no-alternatives]
 
 Causal bshd, b=2, h=16, d=128, bf16, s = 4k, 8k, 16k (--quick: 8k only). Entries:
 
   fork bwd <recipe>        the fork's backward alone (kernels.attention_backward: Q/K quantization,
-                           D and LSE2, dK/dV, dQ) from a saved forward's O and LSE
+                           D and LSE2, dK/dV, dQ) from a saved forward's O and LSE, on the
+                           backend kernels.choose_backward_backend picks (sm90: the CUDA kernels
+                           for current scaling)
+  fork bwd current triton  (on sm90 with the CUDA backward) the Triton backward of the same call
   fork fwd+bwd <recipe>    MaskExactFP8AttentionFunc forward + backward (what TE runs)
   sdpa <backend> bwd       torch BF16 SDPA backward alone (autograd.grad of a saved forward)
   sdpa <backend> fwd+bwd   torch BF16 SDPA forward + backward; backends cuDNN and flash
@@ -77,12 +81,14 @@ def _call(recipe, b, s):
     )  # fmt: skip
 
 
-def fork_backward(q, k, v, d_out, recipe, launch_config=None):
+def fork_backward(q, k, v, d_out, recipe, launch_config=None, backend=None):
     b, s = q.shape[:2]
     kwargs = _call(recipe, b, s).kernel_kwargs(b)
     out, lse = kernels.attention_forward(q, k, v, **kwargs)
     if launch_config is None:
-        return lambda: kernels.attention_backward(q, k, v, out, d_out, lse, **kwargs)
+        return lambda: kernels.attention_backward(
+            q, k, v, out, d_out, lse, backend=backend, **kwargs
+        )
     return lambda: backward_module.exact_fp8_attention_backward(
         q, k, v, out, d_out, lse, launch_config=launch_config, **kwargs
     )
@@ -114,18 +120,28 @@ def sdpa_backward(q, k, v, d_out, backend, with_forward):
     return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
 
-def _entries(shapes):
+def _entries(shapes, recipes, alternatives):
     entries = []
     for b, h, s in shapes:
         tensors = _inputs(b, h, s)
         for backend in SDPA_BACKENDS:
             entries.append(((s, f"sdpa {backend} bwd"), sdpa_backward(*tensors, backend, False)))
             entries.append(((s, f"sdpa {backend} fwd+bwd"), sdpa_backward(*tensors, backend, True)))
-        for recipe in RECIPES:
+        for recipe in recipes:
             entries.append(((s, f"fork bwd {recipe}"), fork_backward(*tensors, recipe)))
             entries.append(((s, f"fork fwd+bwd {recipe}"), fork_forward_backward(*tensors, recipe)))
-        if s == 8192:
+        call = _call("current", b, s).kernel_kwargs(b)
+        if "current" in recipes and kernels.choose_backward_backend(*tensors[:3], **call) == "cuda":
+            entries.append(
+                (
+                    (s, "fork bwd current triton"),
+                    fork_backward(*tensors, "current", backend="triton"),
+                )
+            )
+        if s == 8192 and alternatives:
             for recipe, configs in LAUNCH_ALTERNATIVES.items():
+                if recipe not in recipes:
+                    continue
                 for config in configs:
                     label = "m{}n{}w{}s{}/m{}n{}w{}s{}".format(*config[0], *config[1])
                     entries.append(
@@ -144,10 +160,15 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="s = 8k only")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes")
+    parser.add_argument(
+        "--no-alternatives", action="store_true", help="skip LAUNCH_ALTERNATIVES (8k)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = [x for x in SHAPES if x[2] == 8192] if args.quick else SHAPES
-    entries = _entries(shapes)
+    recipes = tuple(r for r in args.recipes.split(",") if r)
+    entries = _entries(shapes, recipes, not args.no_alternatives)
     for _, fn in entries:  # compile and warm up every entry before any timing
         fn()
     torch.cuda.synchronize()

@@ -1,6 +1,6 @@
-"""The sm_90a attention kernel compiles (nvcc only: no GPU), without warnings or register spills,
-into an object that holds the kernel and the C API, and calls the driver's
-cuTensorMapEncodeTiled through driver_api.cu's hidden definition; skipped without nvcc."""
+"""The sm_90a attention kernels compile (nvcc only: no GPU), without warnings or register spills,
+into objects that hold the kernels and the C API, and call the driver's cuTensorMapEncodeTiled
+through driver_api.cu's hidden definition; skipped without nvcc."""
 
 import re
 import subprocess
@@ -65,6 +65,33 @@ def test_tensor_maps_are_encoded_through_the_modules_own_entry_point(compiled, t
     symbols = subprocess.run(["readelf", "-sW", str(driver)], capture_output=True, text=True)
     line = next(x for x in symbols.stdout.splitlines() if x.endswith(" cuTensorMapEncodeTiled"))
     assert " GLOBAL " in line and " HIDDEN " in line and " UND " not in line, line
+
+
+@pytest.fixture(scope="module")
+def compiled_backward(tmp_path_factory):
+    """(object file, nvcc's output with ptxas -v) of the backward kernels for sm_90a."""
+    out = tmp_path_factory.mktemp("sm90a_bwd")
+    source = cmake_build.SM90A_SOURCES[2]
+    assert source.endswith("backward_launcher.cu")
+    obj = out / "backward.o"
+    cmd = cmake_build.sm90a_command(source, obj, fetch.cutlass_include_dir(), ptxas_verbose=True)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return obj, result.stdout + result.stderr
+
+
+def test_backward_kernels_compile_without_spills(compiled_backward):
+    obj, log = compiled_backward
+    assert "warning" not in log.lower(), log[-4000:]
+    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
+    for name in ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"):
+        assert any(name in k for k in kernels), (name, log[-2000:])
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), spills
+    symbols = subprocess.run(["nm", "-g", str(obj)], capture_output=True, text=True).stdout
+    assert re.search(r"\bT nvte_exact_fp8_attention_sm90_bwd\b", symbols)
+    undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True).stdout
+    assert "cudaGetDriverEntryPoint" not in undefined
 
 
 def test_cmake_builds_the_sources_and_flags_of_compile_only():

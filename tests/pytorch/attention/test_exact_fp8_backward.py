@@ -1,4 +1,7 @@
-"""GPU tests of the mask-exact FP8 attention backward (triton/backward.py, backward_kernel.py).
+"""GPU tests of the mask-exact FP8 attention backward (triton/backward.py, backward_kernel.py;
+on an sm90 GPU with the extension's CUDA kernels, the calls they run take cuda/backward.py, as
+kernels.choose_backward_backend picks; tests/pytorch/attention/test_exact_fp8_backward_sm90.py
+forces each backend and compares them).
 
 Run by tools/gpu_backward_check.sh. Through the fork's autograd function (te/autograd.py,
 MaskExactFP8AttentionFunc: the FP8 forward kernel, then the backward kernels) on PyTorch and
@@ -23,12 +26,14 @@ Accuracy: the gradients against the fp64 reference of the same straight-through 
 import contextlib
 import dataclasses
 import importlib.util
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.kernels import BACKEND_ENV
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     reference_attention,
 )
@@ -121,6 +126,8 @@ def _fork(q, k, v, d_out, call, **backward_kwargs):
 
 @contextlib.contextmanager
 def _backward_kwargs(extra):
+    """Hands `extra` (launch_config, unguarded: the Triton backward's own arguments) to the
+    Triton backward, the backend forced to "triton" for the call (forward and backward)."""
     if not extra:
         yield
         return
@@ -130,10 +137,16 @@ def _backward_kwargs(extra):
         return original(*args, **kwargs, **extra)
 
     backward_module.exact_fp8_attention_backward = patched
+    forced = os.environ.get(BACKEND_ENV)
+    os.environ[BACKEND_ENV] = "triton"
     try:
         yield
     finally:
         backward_module.exact_fp8_attention_backward = original
+        if forced is None:
+            del os.environ[BACKEND_ENV]
+        else:
+            os.environ[BACKEND_ENV] = forced
 
 
 def _dense_call(recipe, fmt, mask, batch, s_q, s_kv, lens=None, window=None):

@@ -7,7 +7,7 @@
  * Tensors travel as device pointers (Python ints), the stream as an int. A failed call raises
  * ValueError (invalid argument) or RuntimeError (CUDA error) with the C API's message.
  * attention_sm90_fwd takes quantized operands; attention_sm90_fwd_quantizing the bf16 inputs
- * (the casts and the attention in one call).
+ * (the casts and the attention in one call); attention_sm90_bwd the backward.
  */
 #include <pybind11/pybind11.h>
 
@@ -116,6 +116,38 @@ void register_exact_fp8_attention(py::module_ &m) {
       "the Q, K and V casts into the given buffers, then attention_sm90_fwd, in one call "
       "(positional arguments only: the host time of small calls). See "
       "nvte_exact_fp8_attention_sm90_fwd_quantizing in exact_fp8_attention_sm90.h.");
+  m.def(
+      "attention_sm90_bwd",
+      [](uintptr_t q8, uintptr_t q_dq, uintptr_t k8, uintptr_t k_dq, uintptr_t k_scale,
+         uintptr_t v, uintptr_t d_out, uintptr_t row_values, uintptr_t dq, uintptr_t dk,
+         uintptr_t dv, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
+         int64_t heads_kv, int64_t head_dim, bool causal, float softmax_scale, uintptr_t stream) {
+        NVTEExactFP8AttentionSm90BwdArgs a{};
+        a.q8 = reinterpret_cast<const void *>(q8);
+        a.q_dq = reinterpret_cast<const void *>(q_dq);
+        a.k8 = reinterpret_cast<const void *>(k8);
+        a.k_dq = reinterpret_cast<const void *>(k_dq);
+        a.k_scale = reinterpret_cast<const float *>(k_scale);
+        a.v = reinterpret_cast<const void *>(v);
+        a.d_out = reinterpret_cast<const void *>(d_out);
+        a.row_values = reinterpret_cast<const float *>(row_values);
+        a.dq = reinterpret_cast<void *>(dq);
+        a.dk = reinterpret_cast<void *>(dk);
+        a.dv = reinterpret_cast<void *>(dv);
+        a.batch = batch;
+        a.seqlen_q = seqlen_q;
+        a.seqlen_kv = seqlen_kv;
+        a.heads = heads;
+        a.heads_kv = heads_kv;
+        a.head_dim = head_dim;
+        a.causal = causal ? 1 : 0;
+        a.softmax_scale = softmax_scale;
+        check(nvte_exact_fp8_attention_sm90_bwd(&a, reinterpret_cast<cudaStream_t>(stream)));
+      },
+      "Mask-exact FP8 attention backward on sm_90a (the forward's subset): dq, dk, dv from the "
+      "forward's FP8 operands, their dequantized bf16 copies, the padded K scales and the row "
+      "values (positional arguments only). See nvte_exact_fp8_attention_sm90_bwd in "
+      "exact_fp8_attention_sm90.h.");
 #else
   (void)m;
 #endif

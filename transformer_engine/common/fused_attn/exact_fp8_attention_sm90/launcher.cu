@@ -14,9 +14,10 @@
 namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
-namespace {
 
-thread_local std::string last_error;
+thread_local std::string last_error;  // nvte_exact_fp8_attention_sm90_last_error's
+
+namespace {
 
 NVTEExactFP8Status fail(NVTEExactFP8Status status, const std::string &message) {
   last_error = std::string("nvte_exact_fp8_attention_sm90_fwd: ") + message;

@@ -1,6 +1,7 @@
 /*
- * Mask-exact FP8 attention forward for Hopper (sm_90a): plain C API over the CuTe kernel in
- * transformer_engine/common/fused_attn/exact_fp8_attention_sm90/.
+ * Mask-exact FP8 attention for Hopper (sm_90a): plain C API over the CuTe kernels in
+ * transformer_engine/common/fused_attn/exact_fp8_attention_sm90/ (the forward, and the backward
+ * of the same subset).
  *
  * First step of the kernel (docs/attention_kernel_sm90.md): bshd dense, d = 128, bf16 Q/K/V/O,
  * current scaling (rules v2), causal (top-left) or no mask, MHA and GQA. The numerics are those
@@ -90,6 +91,42 @@ typedef struct {
  * nvte_exact_fp8_attention_sm90_fwd writes them. An argument error enqueues nothing. */
 NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
     const NVTEExactFP8AttentionSm90QuantizingArgs *args, cudaStream_t stream);
+
+/*
+ * Device arrays of one backward call (docs/backward.md, "The sm90 CUDA backward"): the
+ * gradients of the forward of nvte_exact_fp8_attention_sm90_fwd, from the forward's own FP8
+ * operands (Q8, K8 and their scales, bit for bit: the caller quantizes Q and K again with the
+ * same casts) and its LSE. rows_pad = seqlen_q and keys_pad = seqlen_kv rounded up to 128.
+ */
+typedef struct {
+  const void *q8;           /* [heads, t_q, d] E4M3, Q per token                               */
+  const void *q_dq;         /* [heads, t_q, d] bf16: Q8 * scale_inv, saturated to bf16's range */
+  const void *k8;           /* [heads_kv, t_kv, d] E4M3                                         */
+  const void *k_dq;         /* [heads_kv, t_kv, d] bf16: K8 * scale_inv, saturated              */
+  const float *k_scale;     /* [heads_kv, batch, keys_pad] fp32: K8's scale_inv, 0 past seqlen_kv */
+  const void *v;            /* [batch, seqlen_kv, heads_kv, d] bf16                             */
+  const void *d_out;        /* [batch, seqlen_q, heads, d] bf16                                 */
+  const float *row_values;  /* [3, heads, batch, rows_pad] fp32: per row q_scale_inv *
+                               softmax_scale * log2(e), the forward's LSE * log2(e) (+inf for a
+                               row that sees nothing) and D = sum of dO * O over dO != 0;
+                               (1, +inf, 0) past seqlen_q */
+  void *dq;                 /* [batch, seqlen_q, heads, d] bf16                                 */
+  void *dk;                 /* [batch, seqlen_kv, heads_kv, d] bf16                             */
+  void *dv;                 /* [batch, seqlen_kv, heads_kv, d] bf16                             */
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_kv;
+  int64_t heads;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int32_t causal; /* 1: causal (top-left), 0: no mask */
+  float softmax_scale;
+} NVTEExactFP8AttentionSm90BwdArgs;
+
+/* The backward: dq, dk, dv (every element written; deterministic: fixed summation orders, no
+ * atomics). Two kernels on `stream`: dK/dV, then dQ. Needs a device of compute capability 9.0. */
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_bwd(const NVTEExactFP8AttentionSm90BwdArgs *args,
+                                                     cudaStream_t stream);
 
 /* The message of the last failed call of this thread. */
 const char *nvte_exact_fp8_attention_sm90_last_error(void);

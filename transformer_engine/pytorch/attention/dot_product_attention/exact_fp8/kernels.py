@@ -10,8 +10,9 @@ package):
 
   "triton"  triton/: the Triton kernels and their launchers, for every GPU Triton runs FP8 on
             (sm89+): the forward, and the backward of every backend's forward (docs/backward.md).
-  "cuda"    cuda/: the CUDA C++ (CuTe) forward kernel for sm90 (docs/attention_kernel_sm90.md):
-            bshd, bf16, d = 128, current scaling, causal or no mask so far.
+  "cuda"    cuda/: the CUDA C++ (CuTe) forward and backward kernels for sm90
+            (docs/attention_kernel_sm90.md, docs/backward.md): bshd, bf16, d = 128, current
+            scaling, causal or no mask so far.
 
 Which backend runs a call (`choose_backend`): NVTE_FP8_DPA_MASK_EXACT_BACKEND = "triton" or
 "cuda" forces one (a forced "cuda" raises ValueError for what it does not run); unset or "auto",
@@ -35,6 +36,7 @@ __all__ = [
     "attention_forward",
     "backend_available",
     "choose_backend",
+    "choose_backward_backend",
     "device_capability",
     "head_dims",
     "last_backend",
@@ -167,15 +169,41 @@ def attention_backward(
     out: torch.Tensor,
     d_out: torch.Tensor,
     lse: torch.Tensor,
+    *,
+    backend: Optional[str] = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of mask-exact FP8 attention from the forward's out and lse (any
     backend: they share the numerics). The keyword arguments are the forward call's, as
-    triton.backward.exact_fp8_attention_backward takes them. The Triton backend runs every
-    backward (the "cuda" backend has no backward kernel)."""
-    from .triton.backward import exact_fp8_attention_backward
-
+    triton.backward.exact_fp8_attention_backward takes them. `backend` (default:
+    choose_backward_backend): "cuda" runs the sm90 CUDA backward (the forward's subset; raises
+    ValueError for the rest), "triton" the Triton backward (every call)."""
+    if backend is None:
+        backend = choose_backward_backend(q, k, v, **kwargs)
+    _check_backend(backend)
+    if backend == "cuda":
+        from .cuda.backward import exact_fp8_attention_backward
+    else:
+        from .triton.backward import exact_fp8_attention_backward
     return exact_fp8_attention_backward(q, k, v, out, d_out, lse, **kwargs)
+
+
+def choose_backward_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> str:
+    """The backend of a backward call, chosen as choose_backend chooses the forward's: the CUDA
+    kernels for every call they support where the CUDA backend is preferred (a debug line names
+    why not), the Triton kernels otherwise. A forced "cuda" runs the CUDA backward, which raises
+    for what it does not support."""
+    forced = _forced_backend()
+    preferred = select_backend(forced)
+    if preferred != "cuda" or forced == "cuda":
+        return preferred
+    from .cuda.backward import backward_supported
+
+    reason = backward_supported(q, k, v, **kwargs)
+    if reason is None:
+        return "cuda"
+    _LOGGER.debug("Disabling the CUDA backward of mask-exact FP8 attention: %s", reason)
+    return "triton"
 
 
 def _check_backend(backend: str) -> None:

@@ -1,8 +1,9 @@
 """Autograd of mask-exact FP8 attention: the FP8 forward kernel and the fork's own backward.
 
 Forward: kernels.attention_forward (the selected kernel backend), which returns the output O and
-the log-sum-exp of each row (LSE). Backward: kernels.attention_backward (the Triton backward,
-triton/backward.py; docs/backward.md), from Q, K, V, O and the LSE the forward saved.
+the log-sum-exp of each row (LSE). Backward: kernels.attention_backward (the sm90 CUDA backward
+where it runs the call, the Triton backward otherwise; docs/backward.md), from Q, K, V, O and
+the LSE the forward saved.
 
 # Note [Backward of the FP8 forward]
 #

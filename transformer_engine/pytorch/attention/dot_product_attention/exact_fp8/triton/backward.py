@@ -25,7 +25,7 @@ from .backward_kernel import (
 from .masking import UNBOUNDED
 from ..formats import e8m0_to_float
 
-__all__ = ["exact_fp8_attention_backward", "LAUNCH_CONFIG"]
+__all__ = ["exact_fp8_attention_backward", "row_statistics", "LAUNCH_CONFIG"]
 
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
 PREPROCESS_BLOCK_M = 64
@@ -128,6 +128,42 @@ def _max_seqlen(cu: torch.Tensor, given: Optional[int], side: str) -> int:
     return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
+def row_statistics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    out: torch.Tensor,
+    d_out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    qkv_format: str = "bshd",
+    attn_mask_type: str = "causal",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(D, LSE2), fp32 [h, t_q] each, of a dense (bshd or sbhd) call: D = rowsum(dO * O) over
+    the elements where dO != 0 and LSE2 = LSE * log2(e) (+inf where LSE = -inf), as every
+    backward of this package reads them (backward_preprocess_kernel); for the CUDA backward."""
+    seqs = _sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
+    return _preprocess(_d_contiguous(out), _d_contiguous(d_out), lse, seqs, qkv_format)
+
+
+def _preprocess(out, d_out, lse, seqs, qkv_format, guards=True):
+    """backward_preprocess_kernel: (D, LSE2) [h, t_q] fp32 (row_statistics says what)."""
+    num_heads, head_dim, t_q = out.shape[-2], out.shape[-1], lse.shape[1]
+    delta = torch.empty(num_heads, t_q, dtype=torch.float32, device=out.device)
+    lse2 = torch.empty_like(delta)
+    lse = lse.contiguous()
+    sob, sos, soh = _layout_strides(out, qkv_format)
+    sdb, sds, sdh = _layout_strides(d_out, qkv_format)
+    cu = (seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start)
+    if seqs.span_q > 0:
+        grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, PREPROCESS_BLOCK_M))
+        backward_preprocess_kernel[grid](
+            out, d_out, lse, delta, lse2, *cu, sob, sos, soh, sdb, sds, sdh, lse.stride(0),
+            num_heads, seqs.span_q, seqs.span_kv, int(seqs.varlen),
+            HEAD_DIM=head_dim, BM=PREPROCESS_BLOCK_M, GUARDS=guards, num_warps=4,
+        )  # fmt: skip
+    return delta, lse2
+
+
 def _launch(
     q, k, v, out, d_out, lse, q_fp8, k_fp8, seqs, span_kv, qkv_format, recipe, attn_mask_type,
     window_size, softmax_scale, launch_config, unguarded,
@@ -144,15 +180,11 @@ def _launch(
         return dq, dk, dv
     (q8, q_scale), (k8, k_scale) = q_fp8, k_fp8
     v, out, d_out = (_d_contiguous(x) for x in (v, out, d_out))
-    sob, sos, soh = _layout_strides(out, qkv_format)
     sdb, sds, sdh = _layout_strides(d_out, qkv_format)
     svb, svs, svh = _layout_strides(v, qkv_format)
     sqb, sqs, sqh = _layout_strides(dq, qkv_format)
     skb, sks, skh = _layout_strides(dk, qkv_format)
-    t_q = lse.shape[1]
-    delta = torch.empty(num_heads, t_q, dtype=torch.float32, device=q.device)
-    lse2 = torch.empty_like(delta)
-    lse = lse.contiguous()
+    delta, lse2 = _preprocess(out, d_out, lse, seqs, qkv_format, guards=not unguarded)
     left, right = window_size if window_size is not None else (-1, -1)
     if "causal" in attn_mask_type:
         right = 0
@@ -160,13 +192,6 @@ def _launch(
     bottom_right = int(attn_mask_type not in _TOP_LEFT_MASKS)
     cu = (seqs.cu_q, seqs.cu_q_start, seqs.cu_kv, seqs.cu_kv_start)
     guards = not unguarded
-    if seqs.span_q > 0:
-        grid = (seqs.num_seqs * num_heads, triton.cdiv(seqs.span_q, PREPROCESS_BLOCK_M))
-        backward_preprocess_kernel[grid](
-            out, d_out, lse, delta, lse2, *cu, sob, sos, soh, sdb, sds, sdh, lse.stride(0),
-            num_heads, seqs.span_q, seqs.span_kv, int(seqs.varlen),
-            HEAD_DIM=head_dim, BM=PREPROCESS_BLOCK_M, GUARDS=guards, num_warps=4,
-        )  # fmt: skip
     (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = launch_config or LAUNCH_CONFIG[(recipe, head_dim)]
     common = (q8, q_scale, k8, k_scale, v, d_out)
     strides = (

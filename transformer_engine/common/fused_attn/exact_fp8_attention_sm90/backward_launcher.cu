@@ -1,0 +1,181 @@
+/*
+ * C API of the sm90 mask-exact FP8 attention backward (exact_fp8_attention_sm90.h): argument
+ * checks, the TMA descriptors and the launches of backward_dkdv.h and backward_dq.h.
+ */
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "backward_dkdv.h"
+#include "backward_dq.h"
+#include "transformer_engine/exact_fp8_attention_sm90.h"
+
+namespace transformer_engine {
+namespace exact_fp8 {
+namespace sm90 {
+
+extern thread_local std::string last_error;  // launcher.cu
+
+namespace {
+
+NVTEExactFP8Status fail(NVTEExactFP8Status status, const std::string &message) {
+  last_error = std::string("nvte_exact_fp8_attention_sm90_bwd: ") + message;
+  return status;
+}
+
+bool aligned16(const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+int round_up(int64_t x, int to) { return static_cast<int>((x + to - 1) / to * to); }
+
+std::string check(const NVTEExactFP8AttentionSm90BwdArgs &a) {
+  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  if (a.batch < 1 || a.seqlen_q < 1 || a.seqlen_kv < 1 || a.heads < 1 || a.heads_kv < 1) {
+    return "batch, seqlen_q, seqlen_kv, heads and heads_kv must be >= 1";
+  }
+  if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
+  if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  const int64_t limit = INT32_MAX;
+  if (a.batch * a.seqlen_q * a.heads > limit / kHeadDim ||
+      a.batch * a.seqlen_kv * a.heads > limit / kHeadDim ||
+      (a.seqlen_q + kBwdTile - 1) / kBwdTile > 65535 || a.heads_kv > 65535 || a.batch > 65535) {
+    return "b * s * h * d must stay below 2^31, s_q <= 65535 * 128, h_kv and b <= 65535";
+  }
+  if (!a.q8 || !a.q_dq || !a.k8 || !a.k_dq || !a.k_scale || !a.v || !a.d_out || !a.row_values ||
+      !a.dq || !a.dk || !a.dv) {
+    return "a device pointer is null";
+  }
+  if (!aligned16(a.q8) || !aligned16(a.q_dq) || !aligned16(a.k8) || !aligned16(a.k_dq) ||
+      !aligned16(a.k_scale) || !aligned16(a.v) || !aligned16(a.d_out) || !aligned16(a.row_values) ||
+      !aligned16(a.dq) || !aligned16(a.dk) || !aligned16(a.dv)) {
+    return "every array must be 16-byte aligned (TMA and bulk copies)";
+  }
+  return "";
+}
+
+/* cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) once per (kernel, device). */
+template <int kWhich, typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, int smem) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool cached = device < kMaxDevices;
+  if (cached && done[device].load(std::memory_order_acquire)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess && cached) done[device].store(true, std::memory_order_release);
+  return err;
+}
+
+using G = BackwardGmem;
+
+/* A [heads, b * s, d] token-major operand as (s, d, head, sample). */
+template <class T>
+auto token_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
+  const int64_t d = kHeadDim;
+  return make_tensor(make_gmem_ptr(static_cast<T const *>(ptr)),
+                     G::Shape4{s, int32_t(kHeadDim), heads, b},
+                     G::Stride4{d, _1{}, int64_t(b) * s * d, int64_t(s) * d});
+}
+
+/* A [b, s, heads, d] operand as (s, d, head, sample). */
+template <class T>
+auto sample_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
+  const int64_t d = kHeadDim;
+  return make_tensor(make_gmem_ptr(static_cast<T const *>(ptr)),
+                     G::Shape4{s, int32_t(kHeadDim), heads, b},
+                     G::Stride4{int64_t(heads) * d, _1{}, d, int64_t(s) * heads * d});
+}
+
+NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_t stream) {
+  using T = BackwardTraits;
+  using Fp8 = T::Fp8;
+  using Bf16 = T::Bf16;
+  const int32_t b = static_cast<int32_t>(a.batch), h = static_cast<int32_t>(a.heads);
+  const int32_t h_kv = static_cast<int32_t>(a.heads_kv);
+  const int32_t s_q = static_cast<int32_t>(a.seqlen_q), s_kv = static_cast<int32_t>(a.seqlen_kv);
+
+  BackwardParams p{};
+  p.row_values = a.row_values;
+  p.k_scale = a.k_scale;
+  p.dq = a.dq;
+  p.dk = a.dk;
+  p.dv = a.dv;
+  p.batch = b;
+  p.seqlen_q = s_q;
+  p.seqlen_kv = s_kv;
+  p.heads = h;
+  p.heads_kv = h_kv;
+  p.rows_pad = round_up(s_q, kBwdTile);
+  p.keys_pad = round_up(s_kv, kBwdTile);
+  p.causal = a.causal != 0;
+  p.softmax_scale = a.softmax_scale;
+
+  auto q8 = token_major<Fp8>(a.q8, b, s_q, h);
+  auto q_dq = token_major<Bf16>(a.q_dq, b, s_q, h);
+  auto k8 = token_major<Fp8>(a.k8, b, s_kv, h_kv);
+  auto k_dq = token_major<Bf16>(a.k_dq, b, s_kv, h_kv);
+  auto v = sample_major<Bf16>(a.v, b, s_kv, h_kv);
+  auto d_out = sample_major<Bf16>(a.d_out, b, s_q, h);
+  const G::Shape4 q_shape{s_q, int32_t(kHeadDim), h, b};
+  const G::Shape4 kv_shape{s_kv, int32_t(kHeadDim), h_kv, b};
+
+  DkdvKernelParams dkdv{};
+  dkdv.p = p;
+  dkdv.q_shape = q_shape;
+  dkdv.kv_shape = kv_shape;
+  dkdv.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Tile{});
+  dkdv.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::SmemBf16Tile{});
+  dkdv.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Step{});
+  dkdv.tma_q_dq = make_tma_copy(SM90_TMA_LOAD{}, q_dq, T::SmemBf16Step{});
+  dkdv.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::SmemBf16Step{});
+
+  DqKernelParams dq{};
+  dq.p = p;
+  dq.q_shape = q_shape;
+  dq.kv_shape = kv_shape;
+  dq.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Tile{});
+  dq.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::SmemBf16Tile{});
+  dq.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Step{});
+  dq.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::SmemBf16Step{});
+  dq.tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, k_dq, T::SmemBf16Step{});
+
+  const int smem_dkdv = static_cast<int>(sizeof(T::DkdvStorage)) + 1024;
+  const int smem_dq = static_cast<int>(sizeof(T::DqStorage)) + 1024;
+  cudaError_t err = allow_dynamic_smem<0>(attention_bwd_dkdv_kernel, smem_dkdv);
+  if (err == cudaSuccess) err = allow_dynamic_smem<1>(attention_bwd_dq_kernel, smem_dq);
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  const dim3 grid_dkdv((s_kv + kBwdTile - 1) / kBwdTile, h_kv, b);
+  attention_bwd_dkdv_kernel<<<grid_dkdv, kBwdThreads, smem_dkdv, stream>>>(dkdv);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  const dim3 grid_dq(b * h, (s_q + kBwdTile - 1) / kBwdTile);
+  attention_bwd_dq_kernel<<<grid_dq, kBwdThreads, smem_dq, stream>>>(dq);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  return NVTE_EXACT_FP8_SUCCESS;
+}
+
+}  // namespace
+}  // namespace sm90
+}  // namespace exact_fp8
+}  // namespace transformer_engine
+
+extern "C" {
+
+NVTEExactFP8Status nvte_exact_fp8_attention_sm90_bwd(const NVTEExactFP8AttentionSm90BwdArgs *args,
+                                                     cudaStream_t stream) {
+  namespace s = transformer_engine::exact_fp8::sm90;
+  if (args == nullptr) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, "args is null");
+  const std::string problem = s::check(*args);
+  if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
+  try {
+    return s::launch(*args, stream);
+  } catch (const std::exception &e) {  // none expected; never across the C boundary
+    return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, e.what());
+  }
+}
+
+}  // extern "C"

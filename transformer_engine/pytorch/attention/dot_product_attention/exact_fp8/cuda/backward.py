@@ -1,0 +1,135 @@
+"""Mask-exact FP8 attention backward on the sm_90a CUDA kernels: the launcher.
+
+    dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
+
+Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
+subset the CUDA forward runs (bshd, bf16, d = 128, current scaling, causal or no mask, MHA or
+GQA; cuda.attention.unsupported_reason decides). Q and K are quantized again by the forward's
+own casts (the forward's FP8 operands bit for bit, Note [Mask-exact FP8 scaling]); D and LSE2
+come from the Triton backward's preprocess kernel; the two CUDA kernels (dK/dV, then dQ) read
+the FP8 operands for the scores and the dequantized bf16 copies for dK and dQ.
+Design: docs/backward.md, "The sm90 CUDA backward".
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from .. import quantize
+from .attention import unsupported_reason
+
+__all__ = ["backward_supported", "exact_fp8_attention_backward", "extension_has_backward"]
+
+_SYMBOL = "attention_sm90_bwd"
+_TILE = 128  # rows and keys of the kernels' tiles (the padding of row values and K scales)
+_BF16_MAX = torch.finfo(torch.bfloat16).max
+_LOG2E = 1.4426950408889634
+
+
+def extension_has_backward() -> bool:
+    """Whether the extension was built with the sm_90a backward kernels."""
+    return quantize._ext is not None and hasattr(quantize._ext, _SYMBOL)
+
+
+def backward_supported(q, k, v, **kwargs) -> Optional[str]:
+    """Why the CUDA backward does not run this call (the forward call's arguments), or None."""
+    if not extension_has_backward():
+        return "the extension was built without the sm_90a backward kernels"
+    for name in ("launch_config", "unguarded"):
+        if kwargs.get(name):
+            return f"{name} belongs to the Triton backward"
+    forward = {n: x for n, x in kwargs.items() if n not in ("launch_config", "unguarded")}
+    return unsupported_reason(q, k, v, **forward)
+
+
+def exact_fp8_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    d_out: torch.Tensor,
+    lse: torch.Tensor,
+    **kwargs,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of mask-exact FP8 attention, contiguous, q's / k's / v's shapes.
+
+    The keyword arguments are the forward call's; raises ValueError naming what the kernels do
+    not run (backward_supported)."""
+    reason = backward_supported(q, k, v, **kwargs)
+    if reason is not None:
+        raise ValueError(f"the sm90 CUDA attention backward does not run this call: {reason}")
+    for name, x in (("out", out), ("d_out", d_out)):
+        if x.shape != q.shape or x.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's shape and dtype, got {x.shape}, {x.dtype}")
+    batch, s_q, heads, d = q.shape
+    s_kv, heads_kv = k.shape[1], k.shape[2]
+    if lse.shape != (heads, batch * s_q) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be fp32 [h, t_q] = {[heads, batch * s_q]}, got {lse.shape}")
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if batch * s_q == 0 or s_kv == 0:  # nothing to see: every gradient is 0
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    softmax_scale = kwargs.get("softmax_scale")
+    if softmax_scale is None:
+        softmax_scale = d**-0.5
+    cast = dict(
+        qkv_format="bshd",
+        use_power_2_scales=bool(kwargs.get("use_power_2_scales", False)),
+        amax_epsilon=float(kwargs.get("amax_epsilon", 0.0)),
+    )
+    # See Note [Mask-exact FP8 scaling]: the forward's casts, so its operands bit for bit.
+    q8, q_scale = quantize.per_token_cast_to_fp8(q, **cast)
+    k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
+    q_dq, k_dq = _dequantize(q8, q_scale), _dequantize(k8, k_scale)
+    from ..triton.backward import row_statistics
+
+    delta, lse2 = row_statistics(
+        q, k, out, d_out, lse, attn_mask_type=kwargs.get("attn_mask_type", "causal")
+    )
+    rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
+    keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
+    v, d_out = v.contiguous(), d_out.contiguous()
+    quantize._launch(
+        dq, quantize._ext.attention_sm90_bwd,
+        q8.data_ptr(), q_dq.data_ptr(), k8.data_ptr(), k_dq.data_ptr(), keys.data_ptr(),
+        v.data_ptr(), d_out.data_ptr(), rows.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+        dv.data_ptr(), batch, s_q, s_kv, heads, heads_kv, d,
+        kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def _dequantize(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x8 * scale_inv [h, t, d] in bf16, saturated to its finite range (NaN kept), as the
+    Triton backward's _dequantize rounds the operands of dK and dQ."""
+    x = x8.to(torch.float32) * scale.unsqueeze(-1)
+    return x.clamp_(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
+
+
+def _padded(x: torch.Tensor, fill: float) -> torch.Tensor:
+    """[..., s] fp32 -> [..., s rounded up to _TILE], `fill` past s."""
+    s = x.shape[-1]
+    out = torch.full((*x.shape[:-1], -(-s // _TILE) * _TILE), fill, dtype=torch.float32,
+                     device=x.device)  # fmt: skip
+    out[..., :s] = x
+    return out
+
+
+def _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale) -> torch.Tensor:
+    """[3, h, b, rows_pad] fp32: the forward's row scale (q_scale * fp32(softmax_scale *
+    log2 e), the CUDA forward's product), LSE2 and D of every row; (1, +inf, 0) past s_q."""
+    heads = q_scale.shape[0]
+    scale_log2 = float(
+        torch.tensor(
+            float(torch.tensor(softmax_scale, dtype=torch.float32)) * _LOG2E, dtype=torch.float32
+        )
+    )
+    view = (heads, batch, s_q)
+    return torch.stack(
+        (
+            _padded((q_scale * scale_log2).view(view), 1.0),
+            _padded(lse2.view(view), float("inf")),
+            _padded(delta.view(view), 0.0),
+        )
+    )
