@@ -46,6 +46,18 @@ for mask, (b, s, h, hk) in (("causal", (2, 300, 4, 2)), ("no_mask", (1, 256, 2, 
     t = kernels.attention_backward(q, k, v, out, do, lse, backend="triton", **kw)
     errs = [rel_frobenius_error(a.float().cpu(), b_.float().cpu()) for a, b_ in zip(c, t)]
     print(f"smoke {mask}: cuda vs triton rel. error dq, dk, dv = {errs}", flush=True)
+import triton
+for mask in ("no_mask", "causal"):  # one 8k timing of each backend (b = 2, h = 16)
+    q, k, v, do = (torch.randn(2, 8192, 16, 128, device="cuda").bfloat16() for _ in range(4))
+    kw = dict(recipe="current", attn_mask_type=mask)
+    out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
+    ms = {
+        b: triton.testing.do_bench(
+            lambda: kernels.attention_backward(q, k, v, out, do, lse, backend=b, **kw)
+        )
+        for b in ("cuda", "triton")
+    }
+    print(f"smoke {mask} 8k backward: cuda {ms['cuda']:.3f} ms, triton {ms['triton']:.3f} ms")
 PY
   status=$?
   tail -n 3 "$LOG"

@@ -21,11 +21,17 @@ from .backward_kernel import (
     backward_dkdv_kernel,
     backward_dq_kernel,
     backward_preprocess_kernel,
+    dequantize_rows_kernel,
 )
 from .masking import UNBOUNDED
 from ..formats import e8m0_to_float
 
-__all__ = ["exact_fp8_attention_backward", "row_statistics", "LAUNCH_CONFIG"]
+__all__ = [
+    "exact_fp8_attention_backward",
+    "dequantized_rows",
+    "row_statistics",
+    "LAUNCH_CONFIG",
+]
 
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
 PREPROCESS_BLOCK_M = 64
@@ -143,6 +149,23 @@ def row_statistics(
     backward of this package reads them (backward_preprocess_kernel); for the CUDA backward."""
     seqs = _sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
     return _preprocess(_d_contiguous(out), _d_contiguous(d_out), lse, seqs, qkv_format)
+
+
+DEQUANTIZE_BLOCK_ROWS = 32
+
+
+def dequantized_rows(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x8 [..., d] e4m3 (contiguous) times its per-row scale_inv [...] fp32, in bf16 saturated
+    to its finite range (NaN kept): the dequantized operands the backward's dK and dQ products
+    take (_dequantize of backward_kernel.py), for the CUDA backward."""
+    out = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
+    rows = scale.numel()
+    if rows > 0:
+        grid = (triton.cdiv(rows, DEQUANTIZE_BLOCK_ROWS),)
+        dequantize_rows_kernel[grid](
+            x8, scale.contiguous(), out, rows, HEAD_DIM=x8.shape[-1], BR=DEQUANTIZE_BLOCK_ROWS
+        )
+    return out
 
 
 def _preprocess(out, d_out, lse, seqs, qkv_format, guards=True):

@@ -52,7 +52,12 @@ from .masking import (
     visible_pairs_t,
 )
 
-__all__ = ["backward_preprocess_kernel", "backward_dkdv_kernel", "backward_dq_kernel"]
+__all__ = [
+    "backward_preprocess_kernel",
+    "backward_dkdv_kernel",
+    "backward_dq_kernel",
+    "dequantize_rows_kernel",
+]
 
 _RUNTIME_SCALARS = [
     "num_heads", "num_kv_heads", "kv_group", "dense_span_q", "dense_span_kv", "window_left",
@@ -282,6 +287,19 @@ def backward_preprocess_kernel(
     keep = rows < span_q
     tl.store(DELTA + head.to(tl.int64) * stride_lh + tok, tl.where(real, delta, 0.0), mask=keep)
     tl.store(LSE2 + head.to(tl.int64) * stride_lh + tok, lse2, mask=keep)
+
+
+@triton.jit
+def dequantize_rows_kernel(X8, SCALE, OUT, num_rows, HEAD_DIM: tl.constexpr, BR: tl.constexpr):
+    """Grid (rows / BR). OUT [R, d] bf16 = X8 [R, d] e4m3 * SCALE [R] fp32 (scale_inv per row),
+    in fp32 and saturated to bf16's range: _dequantize's operands of dK and dQ, for the CUDA
+    backward (cuda/backward.py), which reads them from memory."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    ok = rows < num_rows
+    offs = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    x = tl.load(X8 + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    scale = tl.load(SCALE + rows, mask=ok, other=0.0)
+    tl.store(OUT + offs, _saturate(x * scale[:, None], tl.bfloat16), mask=ok[:, None])
 
 
 # ------------------------------------------------------------------------------- dK, dV
