@@ -115,6 +115,27 @@ def test_backward_backend_is_chosen_for_what_it_runs(monkeypatch):
     assert kernels.choose_backward_backend(q, k, v, recipe="current") == "triton"
 
 
+def test_dequantized_rows_are_the_triton_backwards_operands():
+    """triton.backward.dequantized_rows (the CUDA backward's Q_dq and K_dq) against its formula:
+    x8 * scale_inv in fp32, saturated to bf16's finite range, rounded to bf16; bit for bit, with
+    scales that overflow bf16 and E4M3 NaN."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.backward import (
+        dequantized_rows,
+    )
+
+    gen = torch.Generator().manual_seed(9)
+    x8 = (torch.randn(2, 300, 128, generator=gen) * 100).to(torch.float8_e4m3fn)
+    x8[0, 7, 3] = float("nan")
+    scale = torch.rand(2, 300, generator=gen) * 2
+    scale[1, 5] = 3e36  # 448 * 3e36 > bf16's max: saturates
+    x8, scale = x8.cuda(), scale.cuda()
+    got = dequantized_rows(x8, scale)
+    want = (x8.float() * scale.unsqueeze(-1)).clamp(-BF16_MAX, BF16_MAX).bfloat16()
+    assert torch.isnan(got[0, 7, 3]) and torch.isfinite(got[1, 5]).all()
+    same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+    assert same.all()
+
+
 def test_unsupported_calls_raise():
     q, k, v, d_out = _inputs(0, 1, 64, 64, 2, 2)
     out, lse = kernels.attention_forward(q, k, v, backend="triton", recipe="mxfp8")
@@ -157,10 +178,9 @@ def test_backward_is_deterministic():
 
 
 @pytest.mark.parametrize("mask", MASKS)
-def test_more_key_tiles_than_sms_finish_and_agree(mask):
-    """160 key tiles of one (sample, head), more than the GPU holds at once: the ordered dQ sums
-    wait only on tiles scheduled earlier, so the call finishes; its dQ agrees with the Triton
-    backward's within REF_RTOL."""
+def test_long_sequences_agree_with_the_triton_backward(mask):
+    """160 key tiles and 160 query tiles of one (sample, head), more CTAs than the GPU holds at
+    once: the gradients agree with the Triton backward's within REF_RTOL."""
     q, k, v, d_out = _inputs(8, 1, 20480, 20480, 1, 1, outliers=False)
     kw = dict(recipe="current", attn_mask_type=mask)
     fwd = kernels.attention_forward(q, k, v, backend="cuda", **kw)

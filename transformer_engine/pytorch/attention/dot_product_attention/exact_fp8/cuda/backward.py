@@ -6,9 +6,9 @@ Same arguments, results and numerics as triton.backward.exact_fp8_attention_back
 subset the CUDA forward runs (bshd, bf16, d = 128, current scaling, causal or no mask, MHA or
 GQA; cuda.attention.unsupported_reason decides). Q and K are quantized again by the forward's
 own casts (the forward's FP8 operands bit for bit, Note [Mask-exact FP8 scaling]); D and LSE2
-come from the Triton backward's preprocess kernel; the CUDA kernel reads the FP8 operands for
-the scores and the dequantized bf16 copies for dK and dQ, writes dK and dV, and sums dQ in fp32
-in a fixed order, which is cast here to q's dtype.
+come from the Triton backward's preprocess kernel and the dequantized bf16 copies of Q8 and K8
+from its dequantize_rows_kernel; the two CUDA kernels (dK/dV, then dQ) read the FP8 operands for
+the scores and the dequantized copies for dK and dQ.
 Design: docs/backward.md, "The sm90 CUDA backward".
 """
 
@@ -22,8 +22,7 @@ from .attention import unsupported_reason
 __all__ = ["backward_supported", "exact_fp8_attention_backward", "extension_has_backward"]
 
 _SYMBOL = "attention_sm90_bwd"
-_TILE = 128  # keys of the kernel's tiles (the padding of row values and K scales)
-_STEP = 64  # query rows of the kernel's steps (the blocks of the dQ sums)
+_TILE = 128  # rows and keys of the kernels' tiles (the padding of row values and K scales)
 _LOG2E = 1.4426950408889634
 
 
@@ -92,18 +91,13 @@ def exact_fp8_attention_backward(
     rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
     keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
     v, d_out = v.contiguous(), d_out.contiguous()
-    rows_pad = rows.shape[-1]
-    # dQ * softmax_scale in fp32, summed by the kernel in key-tile order (dq_lock orders it)
-    dq_accum = torch.zeros(heads, batch, rows_pad, d, dtype=torch.float32, device=q.device)
-    dq_lock = torch.zeros(heads, batch, rows_pad // _STEP, dtype=torch.int32, device=q.device)
     quantize._launch(
         dq, quantize._ext.attention_sm90_bwd,
         q8.data_ptr(), q_dq.data_ptr(), k8.data_ptr(), k_dq.data_ptr(), keys.data_ptr(),
-        v.data_ptr(), d_out.data_ptr(), rows.data_ptr(), dq_accum.data_ptr(), dq_lock.data_ptr(),
-        dk.data_ptr(), dv.data_ptr(), batch, s_q, s_kv, heads, heads_kv, d,
+        v.data_ptr(), d_out.data_ptr(), rows.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+        dv.data_ptr(), batch, s_q, s_kv, heads, heads_kv, d,
         kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
     )  # fmt: skip
-    dq.copy_(dq_accum[:, :, :s_q].permute(1, 2, 0, 3))
     return dq, dk, dv
 
 
