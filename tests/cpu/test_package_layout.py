@@ -47,6 +47,25 @@ def test_triton_backend_imports_no_oracle():
     assert _oracle_or_tool(loaded) == []
 
 
+def test_cuda_backend_imports_no_oracle_and_chooses_triton_without_its_kernels():
+    """The CUDA backend's launchers load no oracle; on a machine without its kernels (or an
+    sm90 GPU) both passes choose the Triton backend, and a forced CUDA backward says why not."""
+    loaded = _loaded_after_import(["cuda.attention", "cuda.backward"])
+    assert "cuda.backward" in loaded and _oracle_or_tool(loaded) == []
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import backward
+
+    if kernels.backend_available("cuda"):
+        pytest.skip("this machine runs the CUDA kernels")
+    q = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
+    assert kernels.choose_backward_backend(q, q, q, recipe="current") == "triton"
+    reason = backward.backward_supported(q, q, q, recipe="current")
+    assert reason is not None
+    with pytest.raises(ValueError, match="does not run this call"):
+        kernels.attention_backward(
+            q, q, q, q, q, torch.zeros(2, 4), backend="cuda", recipe="current"
+        )
+
+
 def test_quantize_cpu_fallback_is_the_one_route_into_the_reference():
     code = (
         "import torch\n"

@@ -9,7 +9,7 @@ the benchmarks) runs the forward through `attention_forward` and the backward th
 package):
 
   "triton"  triton/: the Triton kernels and their launchers, for every GPU Triton runs FP8 on
-            (sm89+): the forward, and the backward of every backend's forward (docs/backward.md).
+            (sm89+): the forward, and the backward of every call (docs/backward.md).
   "cuda"    cuda/: the CUDA C++ (CuTe) forward and backward kernels for sm90
             (docs/attention_kernel_sm90.md, docs/backward.md): bshd, bf16, d = 128, current
             scaling, causal or no mask so far.
