@@ -5,9 +5,9 @@
  * Grid: (key tiles, h_kv, b): the first key tiles, which the most query rows see under a causal
  * mask, start first. Block: two warpgroups; warpgroup w owns keys 64 w .. 64 w + 63 of the
  * tile. K8 and V are loaded once; the steps walk (query head of the kv-head's group, 64-row
- * block) head-major over the row blocks that see the tile, through a two-stage ring that thread
- * 0 refills one step ahead. dK and dV are summed in that fixed order (deterministic) and written
- * once, dK times softmax_scale.
+ * block) head-major over the row blocks that see the tile, through a kBwdStages ring that thread
+ * 0 refills kBwdStages - 1 steps ahead. dK and dV are summed in that fixed order (deterministic)
+ * and written once, dK times softmax_scale.
  *
  * Mask-exactness (DESIGN.md section 2): rows past s_q arrive as 0 (TMA bounds) with LSE2 = +inf
  * and D = 0, so their P and dS are 0; under the causal mask an element (key j, row i) with
@@ -165,7 +165,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                         key_tile);
     load_tile<kBwdTile, T::SmemBf16Tile>(kp.tma_v, kp.kv_shape, ss.v, ss.bar_kv, kv_head, batch,
                                          key_tile);
-    if (num_steps > 0) dkdv_load_step(kp, ss, steps, 0, kv_head, batch);
+    for (int step = 0; step < min(num_steps, kBwdStages - 1); ++step) {
+      dkdv_load_step(kp, ss, steps, step, kv_head, batch);
+    }
   }
 
   const int mma_thread = threadIdx.x;
@@ -202,8 +204,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   BwdBarrier::wait(&ss.bar_kv, 0);
   for (int step = 0; step < num_steps; ++step) {
     const int stage = step % kBwdStages;
-    if (threadIdx.x == 0 && step + 1 < num_steps) {
-      dkdv_load_step(kp, ss, steps, step + 1, kv_head, batch);
+    if (threadIdx.x == 0 && step + kBwdStages - 1 < num_steps) {  // into the stage freed last
+      dkdv_load_step(kp, ss, steps, step + kBwdStages - 1, kv_head, batch);
     }
     BwdBarrier::wait(&ss.bar_full[stage], (step / kBwdStages) & 1);
     const int r0 = steps.row_block(step) * kBwdStep;

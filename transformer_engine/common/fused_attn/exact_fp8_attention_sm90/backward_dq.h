@@ -4,9 +4,9 @@
  *
  * Grid: (b * h, query tiles), causal tiles longest first as in the forward. Block: two
  * warpgroups; warpgroup w owns rows 64 w .. 64 w + 63 of the tile. Q8 and dO are loaded once;
- * the steps walk the 64-key blocks the tile's rows see in order, through a two-stage ring that
- * thread 0 refills one step ahead. dQ is summed in that fixed order (deterministic) and written
- * once, times softmax_scale.
+ * the steps walk the 64-key blocks the tile's rows see in order, through a kBwdStages ring that
+ * thread 0 refills kBwdStages - 1 steps ahead. dQ is summed in that fixed order (deterministic) and
+ * written once, times softmax_scale.
  *
  * Mask-exactness (DESIGN.md section 2): keys past s_kv arrive as 0 (TMA bounds) and get
  * P = dS = 0 by a select, as do keys the causal mask hides; rows past s_q have LSE2 = +inf and
@@ -144,7 +144,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                         q_tile);
     load_tile<kBwdTile, T::SmemBf16Tile>(kp.tma_d_out, kp.q_shape, ss.d_out, ss.bar_q, head, batch,
                                          q_tile);
-    if (num_steps > 0) dq_load_step(kp, ss, 0, kv_head, batch);
+    for (int step = 0; step < min(num_steps, kBwdStages - 1); ++step) {
+      dq_load_step(kp, ss, step, kv_head, batch);
+    }
   }
 
   const int mma_thread = threadIdx.x;
@@ -183,7 +185,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   BwdBarrier::wait(&ss.bar_q, 0);
   for (int step = 0; step < num_steps; ++step) {
     const int stage = step % kBwdStages;
-    if (threadIdx.x == 0 && step + 1 < num_steps) dq_load_step(kp, ss, step + 1, kv_head, batch);
+    if (threadIdx.x == 0 && step + kBwdStages - 1 < num_steps) {  // into the stage freed last
+      dq_load_step(kp, ss, step + kBwdStages - 1, kv_head, batch);
+    }
     BwdBarrier::wait(&ss.bar_full[stage], (step / kBwdStages) & 1);
     const int n0 = step * kBwdStep;
     // causal: some row of the warpgroup sees a key of the step iff n0 <= wg_row0 + 63

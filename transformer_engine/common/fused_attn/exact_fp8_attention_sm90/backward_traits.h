@@ -45,9 +45,9 @@ namespace sm90 {
 
 using namespace cute;
 
-constexpr int kBwdTile = 128;  // keys of a dK/dV CTA, rows of a dQ CTA (2 warpgroups x 64)
-constexpr int kBwdStep = 64;   // rows of a dK/dV step, keys of a dQ step
-constexpr int kBwdStages = 2;
+constexpr int kBwdTile = 128;     // keys of a dK/dV CTA, rows of a dQ CTA (2 warpgroups x 64)
+constexpr int kBwdStep = 64;      // rows of a dK/dV step, keys of a dQ step
+constexpr int kBwdStages = 2;     // 3 measured the same (backward_h200.md, 2026-12-03)
 constexpr int kBwdThreads = 256;  // two consumer warpgroups; thread 0 issues the loads
 constexpr int kRowValues = 3;     // row scale, LSE2, D: BackwardParams::row_values
 
