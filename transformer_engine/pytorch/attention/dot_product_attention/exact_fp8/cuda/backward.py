@@ -110,19 +110,24 @@ def _padded(x: torch.Tensor, fill: float) -> torch.Tensor:
     return out
 
 
+def _to_fp32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _scale_log2(softmax_scale: float) -> float:
+    """The CUDA forward's fp32 softmax_scale * log2(e): the C API takes softmax_scale in fp32 and
+    multiplies it in double (launcher.cu), rounded to fp32 once."""
+    return _to_fp32(_to_fp32(softmax_scale) * _LOG2E)
+
+
 def _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale) -> torch.Tensor:
     """[3, h, b, rows_pad] fp32: the forward's row scale (q_scale * fp32(softmax_scale *
     log2 e), the CUDA forward's product), LSE2 and D of every row; (1, +inf, 0) past s_q."""
     heads = q_scale.shape[0]
-    scale_log2 = float(
-        torch.tensor(
-            float(torch.tensor(softmax_scale, dtype=torch.float32)) * _LOG2E, dtype=torch.float32
-        )
-    )
     view = (heads, batch, s_q)
     return torch.stack(
         (
-            _padded((q_scale * scale_log2).view(view), 1.0),
+            _padded((q_scale * _scale_log2(softmax_scale)).view(view), 1.0),
             _padded(lse2.view(view), float("inf")),
             _padded(delta.view(view), 0.0),
         )
