@@ -178,9 +178,14 @@ def attention_backward(
     triton.backward.exact_fp8_attention_backward takes them. `backend` (default:
     choose_backward_backend): "cuda" runs the sm90 CUDA backward (the forward's subset; raises
     ValueError for the rest), "triton" the Triton backward (every call)."""
+    checked = False
     if backend is None:
-        backend = choose_backward_backend(q, k, v, **kwargs)
+        backend, checked = _choose_backward(q, k, v, kwargs)
     _check_backend(backend)
+    if checked:  # the CUDA backward's checks accepted the call: not made twice
+        from .cuda.backward import backward_of_supported
+
+        return backward_of_supported(q, k, v, out, d_out, lse, **kwargs)
     if backend == "cuda":
         from .cuda.backward import exact_fp8_attention_backward
     else:
@@ -193,17 +198,22 @@ def choose_backward_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     kernels for every call they support where the CUDA backend is preferred (a debug line names
     why not), the Triton kernels otherwise. A forced "cuda" runs the CUDA backward, which raises
     for what it does not support."""
+    return _choose_backward(q, k, v, kwargs)[0]
+
+
+def _choose_backward(q, k, v, kwargs) -> Tuple[str, bool]:
+    """(backend, whether the CUDA backward's checks accepted the call)."""
     forced = _forced_backend()
     preferred = select_backend(forced)
     if preferred != "cuda" or forced == "cuda":
-        return preferred
+        return preferred, False
     from .cuda.backward import backward_supported
 
     reason = backward_supported(q, k, v, **kwargs)
     if reason is None:
-        return "cuda"
+        return "cuda", True
     _LOGGER.debug("Disabling the CUDA backward of mask-exact FP8 attention: %s", reason)
-    return "triton"
+    return "triton", False
 
 
 def _check_backend(backend: str) -> None:

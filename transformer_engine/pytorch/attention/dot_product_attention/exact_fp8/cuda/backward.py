@@ -19,7 +19,12 @@ import torch
 from .. import quantize
 from .attention import unsupported_reason
 
-__all__ = ["backward_supported", "exact_fp8_attention_backward", "extension_has_backward"]
+__all__ = [
+    "backward_of_supported",
+    "backward_supported",
+    "exact_fp8_attention_backward",
+    "extension_has_backward",
+]
 
 _SYMBOL = "attention_sm90_bwd"
 _TILE = 128  # rows and keys of the kernels' tiles (the padding of row values and K scales)
@@ -58,13 +63,17 @@ def exact_fp8_attention_backward(
     reason = backward_supported(q, k, v, **kwargs)
     if reason is not None:
         raise ValueError(f"the sm90 CUDA attention backward does not run this call: {reason}")
-    for name, x in (("out", out), ("d_out", d_out)):
-        if x.shape != q.shape or x.dtype != q.dtype:
-            raise ValueError(f"{name} must have q's shape and dtype, got {x.shape}, {x.dtype}")
+    return backward_of_supported(q, k, v, out, d_out, lse, **kwargs)
+
+
+def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
+    """exact_fp8_attention_backward of a call backward_supported accepted (it does not check the
+    call again: kernels.attention_backward has, once per call)."""
+    from ..triton.backward import check_forward_outputs, dequantized_rows, row_statistics
+
     batch, s_q, heads, d = q.shape
     s_kv, heads_kv = k.shape[1], k.shape[2]
-    if lse.shape != (heads, batch * s_q) or lse.dtype != torch.float32:
-        raise ValueError(f"lse must be fp32 [h, t_q] = {[heads, batch * s_q]}, got {lse.shape}")
+    check_forward_outputs(q, out, d_out, lse, batch * s_q)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -81,8 +90,6 @@ def exact_fp8_attention_backward(
     # See Note [Mask-exact FP8 scaling]: the forward's casts, so its operands bit for bit.
     q8, q_scale = quantize.per_token_cast_to_fp8(q, **cast)
     k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
-    from ..triton.backward import dequantized_rows, row_statistics
-
     q_dq, k_dq = dequantized_rows(q8, q_scale), dequantized_rows(k8, k_scale)
 
     delta, lse2 = row_statistics(
@@ -104,8 +111,7 @@ def exact_fp8_attention_backward(
 def _padded(x: torch.Tensor, fill: float) -> torch.Tensor:
     """[..., s] fp32 -> [..., s rounded up to _TILE], `fill` past s."""
     s = x.shape[-1]
-    out = torch.full((*x.shape[:-1], -(-s // _TILE) * _TILE), fill, dtype=torch.float32,
-                     device=x.device)  # fmt: skip
+    out = x.new_full((*x.shape[:-1], -(-s // _TILE) * _TILE), fill, dtype=torch.float32)
     out[..., :s] = x
     return out
 
@@ -124,11 +130,10 @@ def _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale) -> torch.Tensor
     """[3, h, b, rows_pad] fp32: the forward's row scale (q_scale * fp32(softmax_scale *
     log2 e), the CUDA forward's product), LSE2 and D of every row; (1, +inf, 0) past s_q."""
     heads = q_scale.shape[0]
-    view = (heads, batch, s_q)
-    return torch.stack(
-        (
-            _padded((q_scale * _scale_log2(softmax_scale)).view(view), 1.0),
-            _padded(lse2.view(view), float("inf")),
-            _padded(delta.view(view), 0.0),
-        )
-    )
+    rows = q_scale.new_empty(3, heads, batch, -(-s_q // _TILE) * _TILE)
+    for i, (x, fill) in enumerate(
+        ((q_scale * _scale_log2(softmax_scale), 1.0), (lse2, float("inf")), (delta, 0.0))
+    ):
+        rows[i, :, :, :s_q] = x.view(heads, batch, s_q)
+        rows[i, :, :, s_q:] = fill
+    return rows

@@ -28,6 +28,7 @@ from ..formats import e8m0_to_float
 
 __all__ = [
     "exact_fp8_attention_backward",
+    "check_forward_outputs",
     "dequantized_rows",
     "row_statistics",
     "LAUNCH_CONFIG",
@@ -97,12 +98,8 @@ def exact_fp8_attention_backward(
     GUARDS=False), for negative controls only: never use it for results.
     """
     _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size)
-    for name, x in (("out", out), ("d_out", d_out)):
-        if x.shape != q.shape or x.dtype != q.dtype:
-            raise ValueError(f"{name} must have q's shape and dtype, got {x.shape}, {x.dtype}")
     t_q = q.shape[0] if qkv_format == "thd" else q.shape[0] * q.shape[1]
-    if lse.shape != (q.shape[-2], t_q) or lse.dtype != torch.float32:
-        raise ValueError(f"lse must be fp32 [h, t_q] = {[q.shape[-2], t_q]}, got {lse.shape}")
+    check_forward_outputs(q, out, d_out, lse, t_q)
     if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
         raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
     seqs = _sequences(
@@ -121,6 +118,16 @@ def exact_fp8_attention_backward(
         q, k, v, out, d_out, lse, (q8, q_scale), (k8, k_scale), seqs, span_kv, qkv_format,
         recipe, attn_mask_type, window_size, softmax_scale, launch_config, unguarded,
     )  # fmt: skip
+
+
+def check_forward_outputs(q, out, d_out, lse, t_q: int) -> None:
+    """ValueError unless out and d_out have q's shape and dtype and lse is fp32 [h, t_q]: what
+    every backward takes from the forward."""
+    for name, x in (("out", out), ("d_out", d_out)):
+        if x.shape != q.shape or x.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's shape and dtype, got {x.shape}, {x.dtype}")
+    if lse.shape != (q.shape[-2], t_q) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be fp32 [h, t_q] = {[q.shape[-2], t_q]}, got {lse.shape}")
 
 
 def _max_seqlen(cu: torch.Tensor, given: Optional[int], side: str) -> int:
