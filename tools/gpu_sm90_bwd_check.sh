@@ -10,7 +10,9 @@
 #   tests  tests/pytorch/attention/test_exact_fp8_backward_sm90.py (TESTS_K selects), then
 #          test_exact_fp8_backward.py -k BACKWARD_K (default: the current-scaling checks that
 #          take the CUDA backward, and the leaky controls on the Triton one);
-#   speed  benchmarks/attention/bench_backward.py (ROUNDS, SPEED_ARGS), its table printed last.
+#   speed  benchmarks/attention/bench_backward.py (ROUNDS, SPEED_ARGS), its table printed last;
+#   profile  Nsight Compute (full set) on the dK/dV and dQ kernels of one causal backward at
+#          SHAPE (default 2,16,16,8192): $OUT/bwd.ncu-rep, its details page $OUT/ncu_bwd.txt.
 # Logs: $OUT/log.txt, $OUT/tests_*.log, $OUT/attention_backward.md, $OUT/bench_backward.json.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,5 +87,16 @@ if has_step speed; then
     --rounds "${ROUNDS:-2}" ${SPEED_ARGS:---recipes current --no-alternatives} >> "$LOG" 2>&1 \
     || rc=1
   [ -f "$OUT/attention_backward.md" ] && cat "$OUT/attention_backward.md"
+fi
+if has_step profile; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | tail -n 1)
+  log "profile: ncu on the backward kernels at ${SHAPE:-2,16,16,8192}"
+  timeout 300 "$NCU" --clock-control none --set full --import-source no \
+    -k regex:attention_bwd --launch-skip 2 --launch-count 2 -f -o "$OUT/bwd" \
+    python3 benchmarks/attention/profile_sm90.py --backward --calls 2 \
+    --shape "${SHAPE:-2,16,16,8192}" > "$OUT/ncu.log" 2>&1 || rc=1
+  "$NCU" -i "$OUT/bwd.ncu-rep" --page details > "$OUT/ncu_bwd.txt" 2>&1
+  grep -E "attention_bwd|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Shared Memory|Tensor|Bank" \
+    "$OUT/ncu_bwd.txt" | grep -v "^ *-" | head -n 60 | tee -a "$LOG"
 fi
 exit $rc

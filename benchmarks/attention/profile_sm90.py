@@ -2,11 +2,14 @@
 
     python benchmarks/attention/profile_sm90.py [--shape B,H,H_KV,S] [--mask causal] [--calls 4]
     python benchmarks/attention/profile_sm90.py --small     (the memory checker's shapes)
+    python benchmarks/attention/profile_sm90.py --backward [--shape ...] [--calls 4]
 
 Quantizes random bf16 Q, K and V once (bshd, d = 128, current scaling), then launches the kernel
 --calls times on them (a profiler skips the first ones: `ncu --launch-skip 3 --launch-count 1
 -k regex:attention_fwd`). --small instead runs a few small shapes (unaligned lengths, GQA, both
 masks) through the CUDA backend's forward once each and checks that every output is finite.
+--backward runs the CUDA forward once and then the CUDA backward --calls times (its two kernels:
+`-k regex:attention_bwd`).
 """
 
 import argparse
@@ -53,6 +56,19 @@ def kernel_launches(shape, mask, calls):
     print(f"{calls} launches of {shape} {mask}: output finite {bool(torch.isfinite(out).all())}")
 
 
+def backward_launches(shape, mask, calls):
+    b, h, h_kv, s = shape
+    q, k, v = _inputs(b, h, h_kv, s)
+    d_out = torch.randn_like(q)
+    kw = dict(recipe="current", qkv_format="bshd", attn_mask_type=mask)
+    out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
+    for _ in range(calls):
+        grads = kernels.attention_backward(q, k, v, out, d_out, lse, backend="cuda", **kw)
+    torch.cuda.synchronize()
+    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    print(f"{calls} backwards of {shape} {mask}: gradients finite {finite}")
+
+
 def small_forwards():
     bad = 0
     for b, h, h_kv, s, mask in SMALL:
@@ -73,13 +89,15 @@ def main():
     parser.add_argument("--mask", choices=("causal", "no_mask"), default="causal")
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--small", action="store_true", help="the memory checker's small shapes")
+    parser.add_argument("--backward", action="store_true", help="launch the CUDA backward")
     args = parser.parse_args()
     if not kernels.backend_available("cuda"):
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
     if args.small:
         return small_forwards()
-    kernel_launches(tuple(int(x) for x in args.shape.split(",")), args.mask, args.calls)
+    shape = tuple(int(x) for x in args.shape.split(","))
+    (backward_launches if args.backward else kernel_launches)(shape, args.mask, args.calls)
     return 0
 
 
