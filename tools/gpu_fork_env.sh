@@ -6,7 +6,8 @@
 #
 #   use_fork [DIR]   assemble the fork into DIR (default /tmp/te-fork) unless TE_FORK_DIR already
 #                    names an assembled tree; link upstream's libraries beside it; build the fork's
-#                    CUDA extension for sm_90; export PYTHONPATH and TE_FORK_DIR. Logs via `log`.
+#                    CUDA extension for sm_90 (or copy a prebuilt one from TE_FORK_EXT, a
+#                    cmake_build --install-dir); export PYTHONPATH and TE_FORK_DIR. Logs via `log`.
 # Returns non-zero if the fork could not be assembled.
 
 _FORK_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,10 +38,15 @@ use_fork() {
       tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
     _link_upstream_libraries "$fork"
-    log "build the fork's CUDA extension (sm_90)"
-    if ! (cd "$_FORK_ROOT" && python3 -m build_tools.cmake_build --build-dir "$fork.build" \
-          --install-dir "$fork" --arch 90) >> "$LOG" 2>&1; then
-      log "WARNING: the CUDA extension did not build (see $LOG); quantization runs its reference"
+    if [ -n "${TE_FORK_EXT:-}" ]; then  # a prebuilt extension (cmake_build's --install-dir)
+      log "the fork's CUDA extension from $TE_FORK_EXT"
+      cp "$TE_FORK_EXT"/transformer_engine_exact_fp8*.so "$fork/" || return 1
+    else
+      log "build the fork's CUDA extension (sm_90)"
+      if ! (cd "$_FORK_ROOT" && python3 -m build_tools.cmake_build --build-dir "$fork.build" \
+            --install-dir "$fork" --arch 90) >> "$LOG" 2>&1; then
+        log "WARNING: the CUDA extension did not build (see $LOG); quantization runs its reference"
+      fi
     fi
     TE_FORK_DIR=$fork
   fi

@@ -12,7 +12,9 @@
 #          take the CUDA backward, and the leaky controls on the Triton one);
 #   speed  benchmarks/attention/bench_backward.py (ROUNDS, SPEED_ARGS), its table printed last;
 #   profile  Nsight Compute (full set) on the dK/dV and dQ kernels of one causal backward at
-#          SHAPE (default 2,16,16,8192): $OUT/bwd.ncu-rep, its details page $OUT/ncu_bwd.txt.
+#          SHAPE (default 2,16,16,8192): $OUT/bwd.ncu-rep, its details page $OUT/ncu_bwd.txt;
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck on the backward kernels over
+#          the small shapes of profile_sm90.py --backward --small ($OUT/sanitizer_*.txt).
 # Logs: $OUT/log.txt, $OUT/tests_*.log, $OUT/attention_backward.md, $OUT/bench_backward.json.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -98,5 +100,16 @@ if has_step profile; then
   "$NCU" -i "$OUT/bwd.ncu-rep" --page details > "$OUT/ncu_bwd.txt" 2>&1
   grep -E "attention_bwd|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Shared Memory|Tensor|Bank" \
     "$OUT/ncu_bwd.txt" | grep -v "^ *-" | head -n 60 | tee -a "$LOG"
+fi
+if has_step sanitize; then
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
+    2> /dev/null | tail -n 1)
+  for tool in memcheck racecheck synccheck; do
+    timeout 240 "$SANITIZER" --tool "$tool" --kernel-name kns=attention_bwd \
+      python3 benchmarks/attention/profile_sm90.py --backward --small \
+      > "$OUT/sanitizer_$tool.txt" 2>&1 || rc=1
+    log "sanitize $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|finite False" \
+      "$OUT/sanitizer_$tool.txt" | tail -n 2 | tr '\n' ' ')"
+  done
 fi
 exit $rc

@@ -142,7 +142,9 @@ def main() -> None:
         med = {n: statistics.median(run["ms"][key] for run in runs[n]) for n in names}
         sdpa = statistics.median(run["sdpa_ms"][key] for run in runs[names[0]])
         medians[key] = {**med, "sdpa cudnn bwd": sdpa}
-        cells = [f"{med[n]:.3f} ({med[names[0]] / med[n]:.3f}x, {sdpa / med[n]:.2f} sdpa)" for n in names]
+        cells = [
+            f"{med[n]:.3f} ({med[names[0]] / med[n]:.3f}x, {sdpa / med[n]:.2f} sdpa)" for n in names
+        ]
         lines.append(f"| {', '.join(map(str, shape))} | " + " | ".join(cells) + f" | {sdpa:.3f} |")
     lines += ["", f"Device us per kernel, one backward at {PROFILE_SHAPE} (round 0):", ""]
     for n in names:

@@ -9,7 +9,7 @@ Quantizes random bf16 Q, K and V once (bshd, d = 128, current scaling), then lau
 -k regex:attention_fwd`). --small instead runs a few small shapes (unaligned lengths, GQA, both
 masks) through the CUDA backend's forward once each and checks that every output is finite.
 --backward runs the CUDA forward once and then the CUDA backward --calls times (its two kernels:
-`-k regex:attention_bwd`).
+`-k regex:attention_bwd`); with --small, the small shapes through the CUDA backward once each.
 """
 
 import argparse
@@ -69,6 +69,21 @@ def backward_launches(shape, mask, calls):
     print(f"{calls} backwards of {shape} {mask}: gradients finite {finite}")
 
 
+def small_backwards():
+    bad = 0
+    for b, h, h_kv, s, mask in SMALL:
+        q, k, v = _inputs(b, h, h_kv, s, seed=s)
+        d_out = torch.randn_like(q)
+        kw = dict(recipe="current", qkv_format="bshd", attn_mask_type=mask)
+        out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
+        grads = kernels.attention_backward(q, k, v, out, d_out, lse, backend="cuda", **kw)
+        torch.cuda.synchronize()
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        bad += not finite
+        print(f"b={b} h={h} h_kv={h_kv} s={s} {mask}: gradients finite {finite}")
+    return 1 if bad else 0
+
+
 def small_forwards():
     bad = 0
     for b, h, h_kv, s, mask in SMALL:
@@ -95,7 +110,7 @@ def main():
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
     if args.small:
-        return small_forwards()
+        return small_backwards() if args.backward else small_forwards()
     shape = tuple(int(x) for x in args.shape.split(","))
     (backward_launches if args.backward else kernel_launches)(shape, args.mask, args.calls)
     return 0
