@@ -4,12 +4,12 @@
  */
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "backward_dkdv.h"
 #include "backward_dq.h"
+#include "dynamic_smem.h"
 #include "transformer_engine/exact_fp8_attention_sm90.h"
 
 namespace transformer_engine {
@@ -52,21 +52,6 @@ std::string check(const NVTEExactFP8AttentionSm90BwdArgs &a) {
     return "every array must be 16-byte aligned (TMA and bulk copies)";
   }
   return "";
-}
-
-/* cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) once per (kernel, device). */
-template <int kWhich, typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, int smem) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> done[kMaxDevices];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const bool cached = device < kMaxDevices;
-  if (cached && done[device].load(std::memory_order_acquire)) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess && cached) done[device].store(true, std::memory_order_release);
-  return err;
 }
 
 using G = BackwardGmem;
@@ -144,8 +129,11 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
 
   const int smem_dkdv = static_cast<int>(sizeof(T::DkdvStorage)) + 1024;
   const int smem_dq = static_cast<int>(sizeof(T::DqStorage)) + 1024;
-  cudaError_t err = allow_dynamic_smem<0>(attention_bwd_dkdv_kernel, smem_dkdv);
-  if (err == cudaSuccess) err = allow_dynamic_smem<1>(attention_bwd_dq_kernel, smem_dq);
+  cudaError_t err =
+      allow_dynamic_smem<SmemSlot::kBackwardDkdv>(attention_bwd_dkdv_kernel, smem_dkdv);
+  if (err == cudaSuccess) {
+    err = allow_dynamic_smem<SmemSlot::kBackwardDq>(attention_bwd_dq_kernel, smem_dq);
+  }
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid_dkdv((s_kv + kBwdTile - 1) / kBwdTile, h_kv, b);
   attention_bwd_dkdv_kernel<<<grid_dkdv, kBwdThreads, smem_dkdv, stream>>>(dkdv);

@@ -4,10 +4,10 @@
  */
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
+#include "dynamic_smem.h"
 #include "kernel.h"
 #include "transformer_engine/exact_fp8_attention_sm90.h"
 
@@ -55,23 +55,6 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
     return "q8, k8, v8t, v and out must be 16-byte aligned (TMA)";
   }
   return "";
-}
-
-constexpr int kMaxDevices = 64;  // devices whose kernel attribute is remembered
-
-/* cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) once per (variant, device): a
- * host call per launch otherwise, which small calls feel. */
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, bool leaky, int smem) {
-  static std::atomic<bool> done[2][kMaxDevices];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const bool cached = device < kMaxDevices;
-  if (cached && done[leaky][device].load(std::memory_order_acquire)) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess && cached) done[leaky][device].store(true, std::memory_order_release);
-  return err;
 }
 
 /* The token view of the contiguous V [batch, seqlen_kv, heads_kv, d] of `a`. */
@@ -157,7 +140,8 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   // The mask-exact kernel, or the leaky benchmark / negative-control variant (kernel.h).
   const bool leaky = a.fp8_v_everywhere != 0;
   auto kernel = leaky ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
-  cudaError_t err = allow_dynamic_smem(kernel, leaky, smem);
+  cudaError_t err = leaky ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
+                          : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid(b * h, p.num_q_tiles);
   kernel<<<grid, kThreads, smem, stream>>>(kp);
