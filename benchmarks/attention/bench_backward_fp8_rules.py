@@ -1,0 +1,223 @@
+"""Accuracy of FP8 operands in the backward, emulated in fp64: which products can leave bf16.
+
+    python benchmarks/attention/bench_backward_fp8_rules.py --out DIR [--seqlens 1024 2048]
+
+Runs on the CPU (fp64). Causal attention, b = 1, h = 2, d = 128, bf16 inputs of the three input
+families of the forward's rules study (bench_v_scale_rules.FAMILIES) and dO ~ N(0, 1). The forward
+is the fork's (reference_attention, current scaling): its O enters D = rowsum(dO * O), its
+quantized Q and K the scores; every rule below keeps those, so the rules differ only in the
+operands of the backward's products (the kernels accumulate in fp32; fp64 here):
+
+  bf16 (the kernels today)  dP = dO . V^T on bf16 operands; P, dS, Q_dq, K_dq rounded to bf16 for
+                            dV = P^T . dO, dK = dS^T . Q_dq, dQ = dS . K_dq
+  dP in FP8                 dO and V cast per token (E4M3, each token's amax over d, the rule of
+                            Q and K): dP = (dO8 . V8^T) * s_dO[row] * s_V[key]
+  dP, dV in FP8             and dV = sum over 64-row blocks of c[key] * (P~8^T . dO8), where
+                            P~ = P * s_dO[row] is cast per (key, block) (c: its amax / 448)
+  all in FP8 (dS E4M3)      and dK from dS~ = dS * s_Q[row] cast per (key, 64-row block) against
+                            Q8, dQ from dS * s_K[key] cast per (row, 64-key block) against K8
+  all in FP8 (dS E5M2)      the same with dS~ in E5M2
+  dV, dK, dQ in FP8, dP bf16  the gradient products in FP8 (dS~ E4M3), dP on bf16 operands
+
+Every scale above comes from one token's values (s_dO, s_V, s_Q, s_K) or from one tile's visible
+entries (the per-block casts of P~ and dS~ see only positions the mask lets through, which are the
+only nonzero ones), so each rule keeps the backward's invariant (DESIGN.md section 2) by the same
+argument as the scores' per-token rule. Errors of dq, dk, dv against the exact fp64 gradients of the
+unquantized bf16 inputs: relative Frobenius error and cosine.
+
+Writes DIR/backward_fp8_rules.md and DIR/backward_fp8_rules.json and prints the table.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
+    SeqLayout,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (  # noqa: E402,E501
+    dequantized_operands,
+    reference_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
+    cosine_similarity,
+    rel_frobenius_error,
+)
+
+HEAD_DIM = 128
+HEADS = 2
+BLOCK = 64  # rows of a dK/dV step, keys of a dQ step
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0
+K_OUTLIER_CHANNELS = (3, 17, 64, 101)
+FAMILIES = ("outliers-N(0,100)", "outliers-x50", "k-channels-x20")
+E4M3 = (E4M3_MAX, torch.float8_e4m3fn)
+E5M2 = (E5M2_MAX, torch.float8_e5m2)
+# name: (dP in FP8, dV in FP8, the format of dS for dK and dQ or None for bf16)
+RULES = {
+    "bf16 (the kernels today)": (False, False, None),
+    "dP in FP8": (True, False, None),
+    "dP, dV in FP8": (True, True, None),
+    "all in FP8 (dS E4M3)": (True, True, E4M3),
+    "all in FP8 (dS E5M2)": (True, True, E5M2),
+    "dV, dK, dQ in FP8 (dS E4M3), dP bf16": (False, True, E4M3),
+}
+
+
+def family_inputs(family: str, s: int, seed: int):
+    """bf16 q, k, v, d_out [1, s, HEADS, d] on the CPU (the forward study's families)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, s, HEADS, HEAD_DIM)
+    q, k, v, d_out = (torch.randn(*shape, generator=gen) for _ in range(4))
+    if family == "k-channels-x20":
+        k[..., list(K_OUTLIER_CHANNELS)] *= 20
+    else:
+        spiked = []
+        for x in (q, k, v):
+            spikes = torch.rand(*shape, generator=gen) < 1e-3
+            big = 50 * x if family == "outliers-x50" else 10 * torch.randn(*shape, generator=gen)
+            spiked.append(torch.where(spikes, big, x))
+        q, k, v = spiked
+    return [x.bfloat16() for x in (q, k, v, d_out)]
+
+
+def exact_gradients(q, k, v, d_out):
+    """fp64 autograd of exact causal attention of the bf16 values: (dq, dk, dv) [s, h, d]."""
+    q, k, v = (x[0].double().transpose(0, 1).requires_grad_() for x in (q, k, v))
+    s = q.shape[1]
+    scores = q @ k.transpose(1, 2) * HEAD_DIM**-0.5
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    out = torch.softmax(scores.masked_fill(~causal, -torch.inf), -1) @ v
+    out.backward(d_out[0].double().transpose(0, 1))
+    return [x.grad.transpose(0, 1) for x in (q, k, v)]
+
+
+def _bf16(x):
+    return x.to(torch.bfloat16).double()
+
+
+def _cast(x, amax, fmt_max, dtype):
+    """x cast to FP8 `dtype` with scale amax / fmt_max (broadcast), dequantized: fp64."""
+    scale = amax / fmt_max  # 0 also where a subnormal amax underflows: the tile casts to 0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (x / scale).to(dtype).double() * scale
+
+
+def per_token(x):
+    """[h, s, d] -> the per-token E4M3 cast (amax over d), dequantized, and the token scales."""
+    amax = x.abs().amax(-1, keepdim=True)
+    x8 = _cast(x, amax, E4M3_MAX, torch.float8_e4m3fn)
+    return x8, torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def per_block(x, dim, fmt_max, dtype):
+    """x [h, s, s] cast per BLOCK entries along `dim` (1: rows, 2: keys) for each index of the
+    other: the per-tile scale of a step's register operand."""
+    h, n, m = x.shape
+    if dim == 1:
+        blocks = x.view(h, n // BLOCK, BLOCK, m)
+        amax = blocks.abs().amax(2, keepdim=True)
+    else:
+        blocks = x.view(h, n, m // BLOCK, BLOCK)
+        amax = blocks.abs().amax(3, keepdim=True)
+    return _cast(blocks, amax, fmt_max, dtype).view(h, n, m)
+
+
+def rule_gradients(rule, q_dq, k_dq, v, out, d_out):
+    """(dq, dk, dv) [h, s, d] fp64 of `rule` from the forward's dequantized Q, K (fp64 [h, s, d]),
+    V, O and dO (bf16 values in fp64 [h, s, d])."""
+    s = q_dq.shape[1]
+    scale = HEAD_DIM**-0.5
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    scores = (q_dq @ k_dq.transpose(1, 2) * scale).masked_fill(~causal, -torch.inf)
+    p = torch.softmax(scores, -1)
+    delta = (d_out * out).sum(-1, keepdim=True)
+    fp8_dp, fp8_dv, ds_format = RULES[rule]
+    do8, s_do = per_token(d_out)
+    if fp8_dp:
+        v8, _ = per_token(v)
+        dp = do8 @ v8.transpose(1, 2)
+    else:
+        dp = d_out @ v.transpose(1, 2)
+    ds = p * (dp - delta)
+    if fp8_dv:
+        p_t = per_block(p * s_do, 1, *E4M3)
+        dv = p_t.transpose(1, 2) @ (do8 / s_do)
+    else:
+        dv = _bf16(p).transpose(1, 2) @ d_out
+    if ds_format is not None:
+        q8, s_q = per_token(q_dq)
+        k8, s_k = per_token(k_dq)
+        ds_k = per_block(ds * s_q, 1, *ds_format)  # [rows, keys] scaled by the row's Q scale
+        ds_q = per_block(ds * s_k.transpose(1, 2), 2, *ds_format)  # by the key's K scale
+        dk = ds_k.transpose(1, 2) @ (q8 / s_q) * scale
+        dq = ds_q @ (k8 / s_k) * scale
+    else:
+        dk = _bf16(ds).transpose(1, 2) @ _bf16(q_dq) * scale
+        dq = _bf16(ds) @ _bf16(k_dq) * scale
+    return [x.transpose(0, 1) for x in (dq, dk, dv)]
+
+
+def study(seqlens, seed=0):
+    results = []
+    for s in seqlens:
+        for i, family in enumerate(FAMILIES):
+            q, k, v, d_out = family_inputs(family, s, seed + i)
+            exact = exact_gradients(q, k, v, d_out)
+            out = reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
+            layout = SeqLayout.dense(1, s)
+            q_dq, k_dq, _ = dequantized_operands("fork-current", q[0], k[0], v[0], layout)
+            heads = lambda x: x.double().transpose(0, 1)  # [s, h, d] -> [h, s, d]
+            args = (heads(q_dq), heads(k_dq), heads(v[0]), heads(out[0]), heads(d_out[0]))
+            for rule in RULES:
+                grads = rule_gradients(rule, *args)
+                row = {"s": s, "family": family, "rule": rule}
+                for name, g, ref in zip(("dq", "dk", "dv"), grads, exact):
+                    row[f"{name}_rel"] = rel_frobenius_error(g, ref)
+                    row[f"{name}_cos"] = cosine_similarity(g, ref)
+                results.append(row)
+                print(
+                    f"s={s} {family:18s} {rule:26s} rel dq/dk/dv "
+                    f"{row['dq_rel']:.4f} {row['dk_rel']:.4f} {row['dv_rel']:.4f}",
+                    flush=True,
+                )
+    return results
+
+
+def markdown(results) -> str:
+    lines = [
+        "Relative Frobenius error against exact fp64 gradients (cosine: the smallest of dq, dk,"
+        " dv), causal, b=1, h=2, d=128, fp64 emulation; forward: the fork's (current scaling)",
+        "",
+        "| s | family | rule | dq | dk | dv | min cosine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cos = min(r["dq_cos"], r["dk_cos"], r["dv_cos"])
+        lines.append(
+            f"| {r['s']} | {r['family']} | {r['rule']} | {r['dq_rel']:.4f} | {r['dk_rel']:.4f} |"
+            f" {r['dv_rel']:.4f} | {cos:.5f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = study(args.seqlens)
+    text = markdown(results)
+    (args.out / "backward_fp8_rules.md").write_text(text)
+    (args.out / "backward_fp8_rules.json").write_text(json.dumps(results, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
