@@ -108,11 +108,15 @@ def _cast(x, amax, fmt_max, dtype):
     return (x / scale).to(dtype).double() * scale
 
 
-def per_token(x):
-    """[h, s, d] -> the per-token E4M3 cast (amax over d), dequantized, and the token scales."""
+def per_token(x, zero_scale=0.0):
+    """[h, s, d] -> (E4M3 codes, fp64, and the token scales [h, s, 1]): x = codes * scales, each
+    token's amax over d at E4M3's maximum. A token of zeros gets scale `zero_scale` (0: what the
+    folded tiles need, see rule_gradients; 1 is the leaky convention of the negative control)."""
     amax = x.abs().amax(-1, keepdim=True)
-    x8 = _cast(x, amax, E4M3_MAX, torch.float8_e4m3fn)
-    return x8, torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = amax / E4M3_MAX
+    zero = scale == 0
+    codes = (x / torch.where(zero, 1.0, scale)).to(torch.float8_e4m3fn).double()
+    return codes, torch.where(zero, zero_scale, scale)
 
 
 def per_block(x, dim, fmt_max, dtype):
@@ -128,9 +132,15 @@ def per_block(x, dim, fmt_max, dtype):
     return _cast(blocks, amax, fmt_max, dtype).view(h, n, m)
 
 
-def rule_gradients(rule, q_dq, k_dq, v, out, d_out):
+def rule_gradients(rule, q_dq, k_dq, v, out, d_out, zero_scale=0.0):
     """(dq, dk, dv) [h, s, d] fp64 of `rule` from the forward's dequantized Q, K (fp64 [h, s, d]),
-    V, O and dO (bf16 values in fp64 [h, s, d])."""
+    V, O and dO (bf16 values in fp64 [h, s, d]); s a multiple of BLOCK.
+
+    The folded tiles: dV = P^T . dO = (P * s_dO)^T . dO8 with dO = dO8 * s_dO per row, so the
+    register tile P * s_dO is cast per (key, 64-row block); likewise dS * s_Q for dK and dS * s_K
+    for dQ. A row of dO that is all zeros (a loss that does not reach it) must give a zero row of
+    P * s_dO, hence s_dO = 0 for it: with scale 1 its probabilities would enter the amax of the
+    other rows of its block (zero_scale=1.0, the negative control)."""
     s = q_dq.shape[1]
     scale = HEAD_DIM**-0.5
     causal = torch.ones(s, s, dtype=torch.bool).tril()
@@ -138,29 +148,36 @@ def rule_gradients(rule, q_dq, k_dq, v, out, d_out):
     p = torch.softmax(scores, -1)
     delta = (d_out * out).sum(-1, keepdim=True)
     fp8_dp, fp8_dv, ds_format = RULES[rule]
-    do8, s_do = per_token(d_out)
+    do8, s_do = per_token(d_out, zero_scale)
     if fp8_dp:
-        v8, _ = per_token(v)
-        dp = do8 @ v8.transpose(1, 2)
+        v8, s_v = per_token(v)
+        dp = (do8 * s_do) @ (v8 * s_v).transpose(1, 2)
     else:
         dp = d_out @ v.transpose(1, 2)
     ds = p * (dp - delta)
     if fp8_dv:
-        p_t = per_block(p * s_do, 1, *E4M3)
-        dv = p_t.transpose(1, 2) @ (do8 / s_do)
+        dv = per_block(p * s_do, 1, *E4M3).transpose(1, 2) @ do8
     else:
         dv = _bf16(p).transpose(1, 2) @ d_out
     if ds_format is not None:
         q8, s_q = per_token(q_dq)
         k8, s_k = per_token(k_dq)
-        ds_k = per_block(ds * s_q, 1, *ds_format)  # [rows, keys] scaled by the row's Q scale
-        ds_q = per_block(ds * s_k.transpose(1, 2), 2, *ds_format)  # by the key's K scale
-        dk = ds_k.transpose(1, 2) @ (q8 / s_q) * scale
-        dq = ds_q @ (k8 / s_k) * scale
+        dk = per_block(ds * s_q, 1, *ds_format).transpose(1, 2) @ q8 * scale
+        dq = per_block(ds * s_k.transpose(1, 2), 2, *ds_format) @ k8 * scale
     else:
         dk = _bf16(ds).transpose(1, 2) @ _bf16(q_dq) * scale
         dq = _bf16(ds) @ _bf16(k_dq) * scale
     return [x.transpose(0, 1) for x in (dq, dk, dv)]
+
+
+def forward_operands(q, k, v, d_out):
+    """The rules' inputs from bf16 q, k, v, d_out [1, s, h, d]: the fork's forward (reference,
+    current scaling) gives O and the dequantized Q and K; all fp64 [h, s, d]."""
+    s = q.shape[1]
+    out = reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
+    q_dq, k_dq, _ = dequantized_operands("fork-current", q[0], k[0], v[0], SeqLayout.dense(1, s))
+    heads = lambda x: x.double().transpose(0, 1)  # [s, h, d] -> [h, s, d]
+    return heads(q_dq), heads(k_dq), heads(v[0]), heads(out[0]), heads(d_out[0])
 
 
 def study(seqlens, seed=0):
@@ -169,11 +186,7 @@ def study(seqlens, seed=0):
         for i, family in enumerate(FAMILIES):
             q, k, v, d_out = family_inputs(family, s, seed + i)
             exact = exact_gradients(q, k, v, d_out)
-            out = reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
-            layout = SeqLayout.dense(1, s)
-            q_dq, k_dq, _ = dequantized_operands("fork-current", q[0], k[0], v[0], layout)
-            heads = lambda x: x.double().transpose(0, 1)  # [s, h, d] -> [h, s, d]
-            args = (heads(q_dq), heads(k_dq), heads(v[0]), heads(out[0]), heads(d_out[0]))
+            args = forward_operands(q, k, v, d_out)
             for rule in RULES:
                 grads = rule_gradients(rule, *args)
                 row = {"s": s, "family": family, "rule": rule}
