@@ -22,8 +22,10 @@ operands of the backward's products (the kernels accumulate in fp32; fp64 here):
 Every scale above comes from one token's values (s_dO, s_V, s_Q, s_K) or from one tile's visible
 entries (the per-block casts of P~ and dS~ see only positions the mask lets through, which are the
 only nonzero ones), so each rule keeps the backward's invariant (DESIGN.md section 2) by the same
-argument as the scores' per-token rule. Errors of dq, dk, dv against the exact fp64 gradients of the
-unquantized bf16 inputs: relative Frobenius error and cosine.
+argument as the scores' per-token rule, provided a token whose dO is all zeros gets dO scale 0
+(rule_gradients; tests/cpu/reference/test_backward_fp8_study.py checks it bit for bit, and that
+scale 1 leaks). Errors of dq, dk, dv against the exact fp64 gradients of the unquantized bf16
+inputs: relative Frobenius error and cosine.
 
 Writes DIR/backward_fp8_rules.md and DIR/backward_fp8_rules.json and prints the table.
 """
