@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # (b, h, h_kv, s): issue 21's MHA shapes and a GQA one
 SHAPES = ((2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8192))
 PROFILE_SHAPE = (2, 16, 16, 8192)
@@ -44,25 +45,15 @@ def _inputs(b, h, h_kv, s):
 
 
 def _fork_backward(shape):
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
+    from bench_backward import fork_backward  # in the child: it loads the build's extension
 
-    q, k, v, do = _inputs(*shape)
-    kw = dict(recipe="current", attn_mask_type="causal")
-    out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
-    return lambda: kernels.attention_backward(q, k, v, out, do, lse, backend="cuda", **kw)
+    return fork_backward(*_inputs(*shape), "current", backend="cuda")
 
 
 def _sdpa_backward(shape):
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from bench_backward import sdpa_backward
 
-    b, h, h_kv, s = shape
-    q, k, v, do = (x.transpose(1, 2).detach().requires_grad_() for x in _inputs(*shape))
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=h != h_kv
-        )
-    return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    return sdpa_backward(*_inputs(*shape), "cudnn", with_forward=False)
 
 
 def _profile(fn) -> dict:

@@ -112,7 +112,9 @@ def sdpa_backward(q, k, v, d_out, backend, with_forward):
 
     def forward():
         with sdpa_kernel([SDPA_BACKENDS[backend]]):
-            return F.scaled_dot_product_attention(*leaves, is_causal=True)
+            return F.scaled_dot_product_attention(
+                *leaves, is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
+            )
 
     if with_forward:
         return lambda: torch.autograd.grad(forward(), leaves, grad)

@@ -2,8 +2,9 @@
 
     python benchmarks/attention/bench_backward_fp8_rules.py --out DIR [--seqlens 1024 2048]
 
-Runs on the CPU (fp64). Causal attention, b = 1, h = 2, d = 128, bf16 inputs of the three input
-families of the forward's rules study (bench_v_scale_rules.FAMILIES) and dO ~ N(0, 1). The forward
+Runs on the CPU (fp64). Causal attention, b = 1, h = 2, d = 128, bf16 inputs of three input
+families of the forward's rules studies (FAMILIES, from bench_k_scale_rules.family_inputs) and
+dO ~ N(0, 1). The forward
 is the fork's (reference_attention, current scaling): its O enters D = rowsum(dO * O), its
 quantized Q and K the scores; every rule below keeps those, so the rules differ only in the
 operands of the backward's products (the kernels accumulate in fp32; fp64 here):
@@ -39,13 +40,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
-    SeqLayout,
-)
+from bench_k_scale_rules import family_inputs  # noqa: E402
+
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (  # noqa: E402,E501
-    dequantized_operands,
     reference_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.quantize import (  # noqa: E402,E501
+    per_token_cast_to_fp8,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
     cosine_similarity,
@@ -53,10 +56,8 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testin
 )
 
 HEAD_DIM = 128
-HEADS = 2
 BLOCK = 64  # rows of a dK/dV step, keys of a dQ step
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
-K_OUTLIER_CHANNELS = (3, 17, 64, 101)
 FAMILIES = ("outliers-N(0,100)", "outliers-x50", "k-channels-x20")
 E4M3 = (E4M3_MAX, torch.float8_e4m3fn)
 E5M2 = (E5M2_MAX, torch.float8_e5m2)
@@ -71,21 +72,13 @@ RULES = {
 }
 
 
-def family_inputs(family: str, s: int, seed: int):
-    """bf16 q, k, v, d_out [1, s, HEADS, d] on the CPU (the forward study's families)."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (1, s, HEADS, HEAD_DIM)
-    q, k, v, d_out = (torch.randn(*shape, generator=gen) for _ in range(4))
-    if family == "k-channels-x20":
-        k[..., list(K_OUTLIER_CHANNELS)] *= 20
-    else:
-        spiked = []
-        for x in (q, k, v):
-            spikes = torch.rand(*shape, generator=gen) < 1e-3
-            big = 50 * x if family == "outliers-x50" else 10 * torch.randn(*shape, generator=gen)
-            spiked.append(torch.where(spikes, big, x))
-        q, k, v = spiked
-    return [x.bfloat16() for x in (q, k, v, d_out)]
+def study_inputs(family: str, s: int, seed: int):
+    """bf16 q, k, v of `family` (bench_k_scale_rules.family_inputs, the forward studies' inputs)
+    and d_out ~ N(0, 1), each [1, s, h, d] on the CPU."""
+    q, k, v = family_inputs(family, s, seed)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    d_out = torch.randn(q.shape, generator=gen).bfloat16()
+    return [x.unsqueeze(0) for x in (q, k, v, d_out)]
 
 
 def exact_gradients(q, k, v, d_out):
@@ -111,14 +104,14 @@ def _cast(x, amax, fmt_max, dtype):
 
 
 def per_token(x, zero_scale=0.0):
-    """[h, s, d] -> (E4M3 codes, fp64, and the token scales [h, s, 1]): x = codes * scales, each
-    token's amax over d at E4M3's maximum. A token of zeros gets scale `zero_scale` (0: what the
-    folded tiles need, see rule_gradients; 1 is the leaky convention of the negative control)."""
-    amax = x.abs().amax(-1, keepdim=True)
-    scale = amax / E4M3_MAX
-    zero = scale == 0
-    codes = (x / torch.where(zero, 1.0, scale)).to(torch.float8_e4m3fn).double()
-    return codes, torch.where(zero, zero_scale, scale)
+    """[h, s, d] bf16 values -> (E4M3 codes, scales [h, s, 1]), both fp64, x ~ codes * scales:
+    the fork's per-token cast (reference.quantize.per_token_cast_to_fp8, the rule of Q and K). A
+    token of zeros gets scale `zero_scale`: 0 is what the folded tiles need (rule_gradients); the
+    cast's own 1 is the leaky convention of the negative control."""
+    codes, scale_inv = per_token_cast_to_fp8(x.float())
+    zero = x.abs().amax(-1) == 0
+    scales = torch.where(zero, zero_scale, scale_inv.double())
+    return codes.double(), scales.unsqueeze(-1)
 
 
 def per_block(x, dim, fmt_max, dtype):
@@ -134,15 +127,16 @@ def per_block(x, dim, fmt_max, dtype):
     return _cast(blocks, amax, fmt_max, dtype).view(h, n, m)
 
 
-def rule_gradients(rule, q_dq, k_dq, v, out, d_out, zero_scale=0.0):
-    """(dq, dk, dv) [h, s, d] fp64 of `rule` from the forward's dequantized Q, K (fp64 [h, s, d]),
-    V, O and dO (bf16 values in fp64 [h, s, d]); s a multiple of BLOCK.
+def rule_gradients(rule, q8, s_q, k8, s_k, v, out, d_out, zero_scale=0.0):
+    """(dq, dk, dv) [s, h, d] fp64 of `rule` from forward_operands (the forward's FP8 Q and K with
+    their token scales, V, O and dO); s a multiple of BLOCK.
 
     The folded tiles: dV = P^T . dO = (P * s_dO)^T . dO8 with dO = dO8 * s_dO per row, so the
     register tile P * s_dO is cast per (key, 64-row block); likewise dS * s_Q for dK and dS * s_K
     for dQ. A row of dO that is all zeros (a loss that does not reach it) must give a zero row of
     P * s_dO, hence s_dO = 0 for it: with scale 1 its probabilities would enter the amax of the
     other rows of its block (zero_scale=1.0, the negative control)."""
+    q_dq, k_dq = q8 * s_q, k8 * s_k  # the forward's dequantized operands
     s = q_dq.shape[1]
     scale = HEAD_DIM**-0.5
     causal = torch.ones(s, s, dtype=torch.bool).tril()
@@ -162,8 +156,6 @@ def rule_gradients(rule, q_dq, k_dq, v, out, d_out, zero_scale=0.0):
     else:
         dv = _bf16(p).transpose(1, 2) @ d_out
     if ds_format is not None:
-        q8, s_q = per_token(q_dq)
-        k8, s_k = per_token(k_dq)
         dk = per_block(ds * s_q, 1, *ds_format).transpose(1, 2) @ q8 * scale
         dq = per_block(ds * s_k.transpose(1, 2), 2, *ds_format) @ k8 * scale
     else:
@@ -173,20 +165,21 @@ def rule_gradients(rule, q_dq, k_dq, v, out, d_out, zero_scale=0.0):
 
 
 def forward_operands(q, k, v, d_out):
-    """The rules' inputs from bf16 q, k, v, d_out [1, s, h, d]: the fork's forward (reference,
-    current scaling) gives O and the dequantized Q and K; all fp64 [h, s, d]."""
-    s = q.shape[1]
+    """rule_gradients' inputs from bf16 q, k, v, d_out [1, s, h, d], fp64 [h, s, d]: the fork's
+    forward (reference, current scaling) gives O; Q and K as its per-token casts, codes and scales
+    ([h, s, 1])."""
     out = reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
-    q_dq, k_dq, _ = dequantized_operands("fork-current", q[0], k[0], v[0], SeqLayout.dense(1, s))
-    heads = lambda x: x.double().transpose(0, 1)  # [s, h, d] -> [h, s, d]
-    return heads(q_dq), heads(k_dq), heads(v[0]), heads(out[0]), heads(d_out[0])
+    heads = lambda x: x[0].transpose(0, 1)  # [1, s, h, d] -> [h, s, d]
+    q8, s_q = per_token(heads(q))
+    k8, s_k = per_token(heads(k))
+    return q8, s_q, k8, s_k, *(heads(x).double() for x in (v, out, d_out))
 
 
 def study(seqlens, seed=0):
     results = []
     for s in seqlens:
         for i, family in enumerate(FAMILIES):
-            q, k, v, d_out = family_inputs(family, s, seed + i)
+            q, k, v, d_out = study_inputs(family, s, seed + i)
             exact = exact_gradients(q, k, v, d_out)
             args = forward_operands(q, k, v, d_out)
             for rule in RULES:

@@ -56,29 +56,26 @@ def kernel_launches(shape, mask, calls):
     print(f"{calls} launches of {shape} {mask}: output finite {bool(torch.isfinite(out).all())}")
 
 
-def backward_launches(shape, mask, calls):
-    b, h, h_kv, s = shape
-    q, k, v = _inputs(b, h, h_kv, s)
+def _cuda_backward(q, k, v, mask, calls=1) -> bool:
+    """The CUDA forward once, then the CUDA backward `calls` times: are its gradients finite?"""
     d_out = torch.randn_like(q)
     kw = dict(recipe="current", qkv_format="bshd", attn_mask_type=mask)
     out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
     for _ in range(calls):
         grads = kernels.attention_backward(q, k, v, out, d_out, lse, backend="cuda", **kw)
     torch.cuda.synchronize()
-    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def backward_launches(shape, mask, calls):
+    finite = _cuda_backward(*_inputs(*shape), mask, calls)
     print(f"{calls} backwards of {shape} {mask}: gradients finite {finite}")
 
 
 def small_backwards():
     bad = 0
     for b, h, h_kv, s, mask in SMALL:
-        q, k, v = _inputs(b, h, h_kv, s, seed=s)
-        d_out = torch.randn_like(q)
-        kw = dict(recipe="current", qkv_format="bshd", attn_mask_type=mask)
-        out, lse = kernels.attention_forward(q, k, v, backend="cuda", **kw)
-        grads = kernels.attention_backward(q, k, v, out, d_out, lse, backend="cuda", **kw)
-        torch.cuda.synchronize()
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        finite = _cuda_backward(*_inputs(b, h, h_kv, s, seed=s), mask)
         bad += not finite
         print(f"b={b} h={h} h_kv={h_kv} s={s} {mask}: gradients finite {finite}")
     return 1 if bad else 0

@@ -14,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "att
 
 import bench_backward_fp8_rules as study  # noqa: E402
 
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
+    SeqLayout,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (  # noqa: E402,E501
+    dequantized_operands,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.backward import (  # noqa: E402,E501
     reference_attention_backward,
 )
@@ -25,7 +31,7 @@ S, T = 256, 100  # tokens; the loss covers rows 0..T
 
 
 def _inputs(seed=0):
-    q, k, v, d_out = study.family_inputs("outliers-x50", S, seed)
+    q, k, v, d_out = study.study_inputs("outliers-x50", S, seed)
     d_out[:, T + 1 :] = 0  # the loss reaches rows <= T only
     return q, k, v, d_out
 
@@ -39,6 +45,15 @@ def _future(x, value):
 
 def _prefix(grads):
     return [g[: T + 1] for g in grads]
+
+
+def test_forward_operands_are_the_forwards():
+    q, k, v, d_out = _inputs()
+    q8, s_q, k8, s_k, *_ = study.forward_operands(q, k, v, d_out)
+    q_dq, k_dq, _ = dequantized_operands("fork-current", q[0], k[0], v[0], SeqLayout.dense(1, S))
+    assert torch.equal(q8 * s_q, q_dq.transpose(0, 1)) and torch.equal(
+        k8 * s_k, k_dq.transpose(0, 1)
+    )
 
 
 def test_bf16_rule_is_the_reference_backward_up_to_bf16_roundings():
