@@ -1,6 +1,6 @@
 /*
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
- * ping-ponged, softmax overlapped with the next tile's Q.K^T inside each warpgroup.
+ * whose softmax runs while the other's WGMMAs have the tensor cores.
  *
  * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three
  * warpgroups (384 threads).
@@ -9,17 +9,16 @@
  *     barriers; setmaxnreg gives its registers to the consumers.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Visit v of the KV tiles (boundary
  *     tiles first, mainloop.h KVTileRange) runs
- *       issue S(v) = Q8 . K8(v)^T; issue O += P(v-1) . V(v-1)      (one turn, see below)
- *       wait S(v) -> scores in log2 units with the per-key K scale and the per-row Q scale, the
- *       element-wise mask on boundary tiles -> online softmax (softmax.h) -> wait P.V(v-1) ->
- *       P(v) into the A operand of its P.V (E4M3 for an FP8 tile, bf16 for a boundary tile) ->
- *       O *= alpha(v) * (u / s(v)), u <- s(v)     (Note [V scale in the rescale])
- *     so the tensor cores run P.V(v-1) while the warpgroup does the softmax of S(v).
- *     Turns: the two consumers take turns issuing their WGMMAs (named barriers kTurnBarrier + c),
- *     so that one's softmax runs while the other's WGMMAs have the tensor cores.
- * P.V of an FP8 tile accumulates in the WGMMA's accumulator (the unit change is the rescale
- * before it). Numerics: Note [Mask-exact FP8 scaling] and Note [V scale in the rescale]
- * (exact_fp8/formats.py); docs/attention_kernel_sm90.md.
+ *       wait T(v-1) = P(v-1) . V(v-1) -> O = O * factor(v-1) + T(v-1) in fp32
+ *       issue S(v) = Q8 . K8(v)^T into the same registers; wait for it -> scores in log2 units
+ *       with the per-key K scale and the per-row Q scale, the element-wise mask on boundary
+ *       tiles -> online softmax (softmax.h) -> factor(v) = alpha(v) * (u / s(v)), u <- s(v)
+ *       (Note [V scale in the rescale]) -> P(v) into the A operand of its P.V (E4M3 for an FP8
+ *       tile, bf16 for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh accumulator
+ *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
+ *     warpgroup's softmax fills the tensor cores' gaps.
+ * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
+ * P.V accumulation] (exact_fp8/formats.py); docs/attention_kernel_sm90.md.
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_H_
@@ -40,16 +39,6 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
 
-constexpr uint32_t kTurnBarrier = 1;  // named barriers 1, 2: the consumers' turns (0: syncthreads)
-
-// Waits for consumer c's turn to issue WGMMAs; passes it to the other consumer.
-CUTLASS_DEVICE void wait_turn(int c) {
-  cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + c);
-}
-CUTLASS_DEVICE void pass_turn(int c) {
-  cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + (1 - c));
-}
-
 // Every consumer thread arrives once: the stage's buffer may be refilled. Each thread's arrive
 // releases its own earlier shared-memory reads of the stage (the K scales are read just before
 // the stage is released, and used after), so that no read depends on another thread's arrive.
@@ -65,7 +54,6 @@ struct Consumer {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   AttentionParams const &p;
   typename Traits::SharedStorage &ss;
-  int c;           // 0 or 1: which consumer warpgroup
   int mma_thread;  // 0..255: the thread's index in the tiled MMAs
   int batch, head, kv_head, q0;
 
@@ -80,6 +68,8 @@ struct Consumer {
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
+    // O in fp32, never a WGMMA accumulator (Note [Two-level P.V accumulation]); a tile's
+    // P.V product T lands in tSrS, the registers of its scores.
     Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
     Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
     // P's A operand: bf16 for a boundary tile, E4M3 (the first half of the registers) for an
@@ -97,18 +87,6 @@ struct Consumer {
     softmax.init();
     float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
 
-    // Issues O += P . V of the tile in `stage` (FP8 or boundary tile).
-    auto issue_pv = [&](int stage, bool fp8_v) {
-      if (fp8_v) {
-        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
-            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tOrO,
-            mma_thread);
-      } else {
-        issue_pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
-            mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tOrO,
-            mma_thread);
-      }
-    };
     // S(visit) ready in tSrS (the K stage is released: its K8 was read by the WGMMA, its
     // scales are in registers) -> scores -> online softmax -> P(visit) in tSrS. The tile kind
     // is a compile-time constant: the element-wise mask exists only in the boundary variant.
@@ -124,86 +102,70 @@ struct Consumer {
       ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
       return boundary && !kFp8VEverywhere ? 1.0f : ss.v_scale[stage];
     };
-    auto p_to_operand = [&](auto boundary) {
+    // The factor of O before the next tile's product is added: alpha * (u / s_kt), u <- s_kt
+    // (Note [V scale in the rescale]), set after the softmax of the tile (1 before the first).
+    float factor[2] = {1.0f, 1.0f};
+    auto set_factor = [&](int visit, float const (&alpha)[2], float s_kt) {
+      const float ratio = visit == 0 ? 1.0f : fminf(u / s_kt, FLT_MAX);  // O is 0 at visit 0
+      u = s_kt;
+      factor[0] = alpha[0] * ratio;
+      factor[1] = alpha[1] * ratio;
+    };
+    // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tSrS, free now (an
+    // E4M3 P and V8^T for an FP8 tile, bf16 P and V for a boundary tile).
+    auto issue_pv = [&](int visit, auto boundary) {
+      const int stage = visit % kStages;
+      Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
       if constexpr (decltype(boundary)::value && !kFp8VEverywhere) {
         p_to_bf16_operand(tSrS, tOrP16);
+        issue_pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
+            mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tSrS,
+            mma_thread);
       } else {
         p_to_fp8_operand(tSrS, tOrP8);
+        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
+            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tSrS,
+            mma_thread);
       }
     };
-    // O *= alpha * (u / s_kt), u <- s_kt: Note [V scale in the rescale].
-    auto rescale = [&](float const (&alpha)[2], float s_kt) {
-      const float ratio = fminf(u / s_kt, FLT_MAX);
-      u = s_kt;
-      const float factor[2] = {alpha[0] * ratio, alpha[1] * ratio};
+    // Waits for T = P(visit) . V(visit) and adds it to O in fp32: O = O * factor + T
+    // (Note [Two-level P.V accumulation]).
+    auto add_pv = [&](int visit) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      release(&ss.bar_v_empty[visit % kStages]);
 #pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) *= factor[(v >> 1) & 1];
+      for (int v = 0; v < 64; ++v) tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tSrS(v));
     };
-    // Visit 0: S(0) alone.
-    auto first_visit = [&](auto boundary) {
-      Barrier::wait(&ss.bar_k_full[0], 0);
-      ScoreScales::KeyScales k_scales;
-      u = tile_scales(0, decltype(boundary)::value, k_scales);  // O is 0: only its unit is set
-      wait_turn(c);
-      issue_scores_gemm(mma_qk, tSrQ, ss.k[0], tSrS, mma_thread);
-      pass_turn(c);
+    // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
+    auto visit_step = [&](int visit, auto boundary) {
+      const int stage = visit % kStages;
+      Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
+      ScoreScales::KeyScales k_scales;  // read now: their latency hides behind P.V(v-1)
+      const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
+      if (visit > 0) add_pv(visit - 1);
+      issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
-      softmax_step(0, boundary, k_scales, alpha);
-      p_to_operand(boundary);
-    };
-    // Visit v >= 1: S(v) and P.V(v-1) issued in one turn, softmax(v) while P.V(v-1) runs.
-    auto visit_step = [&](int visit, auto boundary, bool fp8_prev) {
-      const int stage = visit % kStages, stage_prev = (visit - 1) % kStages;
-      Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
-      ScoreScales::KeyScales k_scales;
-      const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
-      wait_turn(c);
-      issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
-      Barrier::wait(&ss.bar_v_full[stage_prev], ((visit - 1) / kStages) & 1);
-      issue_pv(stage_prev, kFp8VEverywhere || fp8_prev);
-      pass_turn(c);
-      warpgroup_wait<1>();  // S(v) is ready; P(v-1) . V(v-1) may still run
-      warpgroup_fence_operand(tSrS);
-      float alpha[2];
       softmax_step(visit, boundary, k_scales, alpha);
-      warpgroup_wait<0>();  // P(v-1) . V(v-1) is done: its operands and O are free
-      warpgroup_fence_operand(tOrO);
-      release(&ss.bar_v_empty[stage_prev]);
-      p_to_operand(boundary);
-      rescale(alpha, s_kt);
+      set_factor(visit, alpha, s_kt);
+      issue_pv(visit, boundary);
     };
 
     if (range.num_tiles == 0) {
       store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
       return;
     }
-    if (c == 1) pass_turn(c);  // consumer 0 issues first
     Barrier::wait(&ss.bar_q, 0);
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
     const int num_boundary = range.num_tiles - range.num_fp8;
-    if (num_boundary > 0) {
-      first_visit(cute::true_type{});
-    } else {
-      first_visit(cute::false_type{});
+    for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
+    for (int visit = num_boundary; visit < range.num_tiles; ++visit) {
+      visit_step(visit, cute::false_type{});
     }
-    for (int visit = 1; visit < num_boundary; ++visit) {
-      visit_step(visit, cute::true_type{}, /*fp8_prev=*/false);
-    }
-    for (int visit = max(num_boundary, 1); visit < range.num_tiles; ++visit) {
-      visit_step(visit, cute::false_type{}, /*fp8_prev=*/visit > num_boundary);
-    }
-    {  // the last P.V
-      const int visit = range.num_tiles - 1, stage = visit % kStages;
-      Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
-      issue_pv(stage, /*fp8_v=*/kFp8VEverywhere || visit >= num_boundary);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      release(&ss.bar_v_empty[stage]);
-    }
-    if (c == 0) wait_turn(c);  // consumes consumer 1's last pass: every turn barrier ends empty
+    add_pv(range.num_tiles - 1);
     store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
   }
 };
@@ -249,8 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<kFp8VEverywhere> consumer{p, ss, warpgroup - 1, static_cast<int>(threadIdx.x) - 128, batch,
-                      head, kv_head, q_tile * kQTile};
+    Consumer<kFp8VEverywhere> consumer{p, ss, static_cast<int>(threadIdx.x) - 128, batch, head,
+                                       kv_head, q_tile * kQTile};
     consumer.run(range);
   }
 #endif

@@ -213,8 +213,8 @@ CUTLASS_DEVICE void issue_scores_gemm(typename KernelTraits::MmaQK &mma, FragQ c
   warpgroup_fence_operand(tSrS);
 }
 
-// Issues tOrO += P . V of one KV tile (P from registers) as one WGMMA batch; the caller waits.
-// Mma: MmaPV8 with V8^T, or MmaPV16 with V (same accumulator layout).
+// Issues tOrO = P . V of one KV tile (P from registers, tOrO overwritten) as one WGMMA batch;
+// the caller waits. Mma: MmaPV8 with V8^T, or MmaPV16 with V (same accumulator layout).
 template <class Mma, class Layout_, class FragP, class FragO, class Element>
 CUTLASS_DEVICE void issue_pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO,
                                   int mma_thread) {
@@ -223,9 +223,12 @@ CUTLASS_DEVICE void issue_pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO 
   warpgroup_fence_operand(tOrO);
   warpgroup_fence_operand(tOrP);
   warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-  for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+  for (int k = 0; k < size<2>(tOrP); ++k) {
+    gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
   warpgroup_commit_batch();
   warpgroup_fence_operand(tOrO);
 }

@@ -72,6 +72,23 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 # underflow to 0: values ~2^140 below the current tile's largest V, far below what the E4M3 cast
 # of that tile keeps. The roundings of u / s_j and of the products differ from the reference's
 # exact arithmetic by a few fp32 ulps per tile (tested within tolerance, not bitwise).
+#
+# Note [Two-level P.V accumulation]
+#
+# The running numerator acc is an fp32 value that no FP8 MMA ever accumulates into: each tile's
+# P8_j . V8_j (or bf16 P . V on a boundary tile) is computed into a fresh accumulator (the MMA
+# starts from zero) and added to acc on the CUDA cores, acc <- acc * factor + T_j, one FFMA per
+# element (the rescale of Note [V scale in the rescale] fused with the add). Hopper's FP8 MMA
+# adds its products to the accumulator it is given with only ~13-14 bits kept (DeepSeek-V3's
+# report says ~14); fed the running sum, every later tile's contribution loses the low bits
+# that the sum's magnitude pushes out. Measured on the H200 (benchmarks/results/
+# attention_forward_sm90.md, 2026-12-04): the sm90 kernel that accumulated across tiles inside
+# the WGMMA had relative error 4.3e-2 at s = 4k and 1.6e-1 at 16k (2.5e-1 on the last 1024 rows)
+# for V ~ N(4, 1) against fp64 attention, where the Triton kernel (a fresh dot per tile) has
+# 3.1e-3 and 2.9e-3; zero-mean V hid it (the running sum stays small). A tile's own product
+# (128 keys) still runs in the MMA's precision, as in every FP8 attention kernel. The row sums l
+# are fp32 sums of the fp32 p on the CUDA cores for the same reason (a ones column in the P.V
+# MMA, l = sum of P8, gave 3.1e-1 on the last 1024 rows at 16k).
 """
 
 import torch
