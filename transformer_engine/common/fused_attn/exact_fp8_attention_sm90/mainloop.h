@@ -213,24 +213,25 @@ CUTLASS_DEVICE void issue_scores_gemm(typename KernelTraits::MmaQK &mma, FragQ c
   warpgroup_fence_operand(tSrS);
 }
 
-// Issues tOrO = P . V of one KV tile (P from registers, tOrO overwritten) as one WGMMA batch;
-// the caller waits. Mma: MmaPV8 with V8^T, or MmaPV16 with V (same accumulator layout).
-template <class Mma, class Layout_, class FragP, class FragO, class Element>
-CUTLASS_DEVICE void issue_pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragO &tOrO,
+// Issues tOrT = P . V of one KV tile (P from registers; tOrT overwritten: the product starts
+// from zero, Note [Two-level P.V accumulation]) as one WGMMA batch; the caller waits.
+// Mma: MmaPV8 with V8^T, or MmaPV16 with V (same accumulator layout).
+template <class Mma, class Layout_, class FragP, class FragT, class Element>
+CUTLASS_DEVICE void issue_pv_gemm(Mma &mma, Element *smem_v, FragP &tOrP, FragT &tOrT,
                                   int mma_thread) {
   Tensor sV = make_tensor(make_smem_ptr(smem_v), Layout_{});
   Tensor tOrV = mma.get_thread_slice(mma_thread).partition_fragment_B(sV);
-  warpgroup_fence_operand(tOrO);
+  warpgroup_fence_operand(tOrT);
   warpgroup_fence_operand(tOrP);
   warpgroup_arrive();
   mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
   for (int k = 0; k < size<2>(tOrP); ++k) {
-    gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+    gemm(mma, tOrP(_, _, k), tOrV(_, _, k), tOrT);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_fence_operand(tOrO);
+  warpgroup_fence_operand(tOrT);
 }
 
 }  // namespace sm90
