@@ -316,6 +316,25 @@ def test_accuracy_against_fp64(recipe, case, h, h_kv, d, dtype):
     )
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_accuracy_of_long_rows_with_a_common_v_offset(recipe):
+    """Note [Two-level P.V accumulation]: with V ~ N(4, 1) every tile adds the same sign to the
+    running numerator; a kernel that kept it in an FP8 MMA's accumulator lost 4e-2 relative at
+    s = 4k (the sm90 CUDA kernel until 2026-12-04). This kernel adds each tile's fresh product in
+    fp32. Bound as test_accuracy_against_fp64 (1.5x the rules' own fp64 error + 2^-8), here
+    with 32 KV tiles per row and the rules' own error ~3e-3."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 4096, 2, 128, generator=gen) for _ in range(3))
+    q, k, v = q.bfloat16(), k.bfloat16(), (v + 4.0).bfloat16()
+    case = dict(qkv_format="bshd", attn_mask_type="causal")
+    out, _ = _forward(q, k, v, recipe, case)
+    truth = reference_attention("bf16", q, k, v, **case)
+    fork = reference_attention("fork-" + recipe, q, k, v, **case)
+    err = rel_frobenius_error(out.cpu(), truth.out)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+
+
 def test_mxfp8_code_zero_blocks_decode_exactly():
     """A V channel of tiny values (E8M0 code 0 = 2^-127 in every chunk) and uniform attention
     (q = k = 0, so P = P_SCALE exactly and every sum is exact): every output of that channel is
