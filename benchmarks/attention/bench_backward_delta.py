@@ -1,0 +1,166 @@
+"""The backward's D = rowsum(dO * O) on inputs with a common offset, emulated in fp64 on the CPU.
+
+    python benchmarks/attention/bench_backward_delta.py --out DIR [--seqlen 1024]
+        [--offsets 0,4,16]
+
+Causal attention, b = 1, h = 1, d = 128, bf16 inputs: Q, K ~ N(0, 1), V and dO ~ N(offset, 1).
+The forward is the fork's (reference_attention, current scaling). Rows: three ways of getting D,
+the row term of dS = P * (dP - D), all else the fork's straight-through backward
+(reference_attention_backward: P = softmax of the E4M3 scores in fp64, dP = dO . V^T):
+
+  D from O (today)       D = rowsum(dO * O), O the forward's output (E4M3 P8 and V8 inside)
+  D from O, O / sum P8   the same with the forward's O divided by the sum of the weights it used
+                         (P8 on FP8 tiles) instead of the fp32 sum of p; the LSE unchanged
+  D from the own P       D = rowsum(P * dP) = dO . (P . V): the backward's own P and V
+
+dS sums to zero over a row only when D matches the backward's own P and V. With a common offset
+dP carries a large common part (~d * offset^2) that D must cancel exactly; D from the forward's O
+leaves the forward's quantization error of that part in every dS of the row. Columns: relative
+Frobenius error of dq, dk, dv against the exact fp64 gradients of the unquantized bf16 inputs,
+and the forward's own error.
+
+Writes DIR/backward_delta.md and DIR/backward_delta.json, and prints the table.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402
+    to_tokens,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference import (  # noqa: E402
+    attention as ref_attention,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.backward import (  # noqa: E402
+    reference_attention_backward,
+    sequence_layouts,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    rel_frobenius_error,
+)
+
+HEAD_DIM = 128
+
+
+def inputs(s: int, offset: float, seed: int = 13):
+    """q, k, v, d_out [1, s, 1, HEAD_DIM] bf16: Q, K ~ N(0, 1), V and dO ~ N(offset, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, d_out = (torch.randn(1, s, 1, HEAD_DIM, generator=gen) for _ in range(4))
+    return q.bfloat16(), k.bfloat16(), (v + offset).bfloat16(), (d_out + offset).bfloat16()
+
+
+def forward_normalized_by_used_weights(q, k, v):
+    """The fork's forward output with O divided by the sum of the weights P.V used (P8 on the
+    FP8 tiles, p on the boundary tiles) instead of the sum of p; fp64."""
+    out = ref_attention.reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
+    qt, kt, vt = (to_tokens(x, "bshd") for x in (q, k, v))
+    _, layout_kv = sequence_layouts(q, k, "bshd", "causal", None, None, None, None)
+    q_dq, k_dq, _ = ref_attention.dequantized_operands(
+        "fork-current", qt, kt, vt, layout_kv, ref_attention.QuantConfig()
+    )
+    s = q.shape[1]
+    scores = q_dq[:, 0] @ k_dq[:, 0].T * HEAD_DIM**-0.5
+    allowed = torch.ones(s, s, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    p8 = ref_attention.cast_to_e4m3((p * ref_attention.P_SCALE).float()).double()
+    p8 = p8 / ref_attention.P_SCALE
+    tiles = ref_attention.Q_TILE, ref_attention.KV_TILE
+    rows, cols = torch.arange(s) // tiles[0], torch.arange(s) // tiles[1]
+    fp8_tile = (cols[None, :] < rows[:, None]) & allowed  # causal: tiles left of the diagonal
+    used = torch.where(fp8_tile, p8, p).sum(-1)
+    return out * (p.sum(-1) / used)[None, :, None, None]
+
+
+def backward_with_own_d(q, k, v, d_out):
+    """(dq, dk, dv) of the fork's backward with D = rowsum(P * dP), in fp64."""
+    qt, kt, vt, dot = (to_tokens(x, "bshd") for x in (q, k, v, d_out))
+    _, layout_kv = sequence_layouts(q, k, "bshd", "causal", None, None, None, None)
+    q_dq, k_dq, _ = ref_attention.dequantized_operands(
+        "fork-current", qt, kt, vt, layout_kv, ref_attention.QuantConfig()
+    )
+    qh, kh, vh, doh = q_dq[:, 0], k_dq[:, 0], vt[:, 0].double(), dot[:, 0].double()
+    s, scale = qh.shape[0], HEAD_DIM**-0.5
+    allowed = torch.ones(s, s, dtype=torch.bool).tril()
+    p = torch.softmax((qh @ kh.T * scale).masked_fill(~allowed, float("-inf")), -1)
+    dp = doh @ vh.T
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    grads = ds @ kh * scale, ds.T @ qh * scale, p.T @ doh
+    return tuple(g[None, :, None, :] for g in grads)
+
+
+def measure(s: int, offset: float) -> dict:
+    q, k, v, d_out = inputs(s, offset)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    truth = ref_attention.reference_attention("bf16", *leaves, attn_mask_type="causal").out
+    exact = torch.autograd.grad(truth, leaves, d_out.double())
+    out = ref_attention.reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
+    out8 = forward_normalized_by_used_weights(q, k, v)
+    kw = dict(attn_mask_type="causal")
+    rules = {
+        "D from O (today)": reference_attention_backward(
+            "current", q, k, v, out.bfloat16(), d_out, **kw
+        ),
+        "D from O, O / sum P8": reference_attention_backward(
+            "current", q, k, v, out8.bfloat16(), d_out, **kw
+        ),
+        "D from the own P": backward_with_own_d(q, k, v, d_out),
+    }
+    forward_errors = {
+        "D from O (today)": rel_frobenius_error(out, truth.detach()),
+        "D from O, O / sum P8": rel_frobenius_error(out8, truth.detach()),
+        "D from the own P": rel_frobenius_error(out, truth.detach()),
+    }
+    return {
+        name: dict(
+            s=s,
+            offset=offset,
+            forward=forward_errors[name],
+            **{g: rel_frobenius_error(x, e) for g, x, e in zip(("dq", "dk", "dv"), grads, exact)},
+        )
+        for name, grads in rules.items()
+    }
+
+
+def markdown(results) -> str:
+    lines = [
+        "Causal, b = 1, h = 1, d = 128, V and dO ~ N(offset, 1); relative Frobenius errors against",
+        "the exact fp64 gradients of the unquantized bf16 inputs (forward: the O that D is built",
+        "from, against fp64 attention)",
+        "",
+        "| s | offset | D | forward | dq | dk | dv |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for per_rule in results:
+        for name, r in per_rule.items():
+            lines.append(
+                f"| {r['s']} | {r['offset']:g} | {name} | {r['forward']:.3e} | {r['dq']:.3e} |"
+                f" {r['dk']:.3e} | {r['dv']:.3e} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seqlen", type=int, default=1024)
+    parser.add_argument("--offsets", default="0,4,16")
+    args = parser.parse_args(argv)
+    results = [measure(args.seqlen, float(o)) for o in args.offsets.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = markdown(results)
+    (args.out / "backward_delta.md").write_text(text)
+    (args.out / "backward_delta.json").write_text(json.dumps(results, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
