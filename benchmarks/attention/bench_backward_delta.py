@@ -79,21 +79,18 @@ def forward_normalized_by_used_weights(q, k, v):
     return out * (p.sum(-1) / used)[None, :, None, None]
 
 
-def backward_with_own_d(q, k, v, d_out):
-    """(dq, dk, dv) of the fork's backward with D = rowsum(P * dP), in fp64."""
-    qt, kt, vt, dot = (to_tokens(x, "bshd") for x in (q, k, v, d_out))
+def own_output(q, k, v):
+    """P . V with the backward's own P (softmax of the E4M3 scores, fp64) and unquantized V:
+    the O whose rowsum(dO * O) is rowsum(P * dP), the own D. fp64, shaped as q."""
+    qt, kt, vt = (to_tokens(x, "bshd") for x in (q, k, v))
     _, layout_kv = sequence_layouts(q, k, "bshd", "causal", None, None, None, None)
     q_dq, k_dq, _ = ref_attention.dequantized_operands(
         "fork-current", qt, kt, vt, layout_kv, ref_attention.QuantConfig()
     )
-    qh, kh, vh, doh = q_dq[:, 0], k_dq[:, 0], vt[:, 0].double(), dot[:, 0].double()
-    s, scale = qh.shape[0], HEAD_DIM**-0.5
+    s = q.shape[1]
     allowed = torch.ones(s, s, dtype=torch.bool).tril()
-    p = torch.softmax((qh @ kh.T * scale).masked_fill(~allowed, float("-inf")), -1)
-    dp = doh @ vh.T
-    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
-    grads = ds @ kh * scale, ds.T @ qh * scale, p.T @ doh
-    return tuple(g[None, :, None, :] for g in grads)
+    scores = (q_dq[:, 0] @ k_dq[:, 0].T * HEAD_DIM**-0.5).masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, -1) @ vt[:, 0].double())[None, :, None, :]
 
 
 def measure(s: int, offset: float) -> dict:
@@ -111,7 +108,9 @@ def measure(s: int, offset: float) -> dict:
         "D from O, O / sum P8": reference_attention_backward(
             "current", q, k, v, out8.bfloat16(), d_out, **kw
         ),
-        "D from the own P": backward_with_own_d(q, k, v, d_out),
+        "D from the own P": reference_attention_backward(
+            "current", q, k, v, own_output(q, k, v), d_out, **kw
+        ),
     }
     forward_errors = {
         "D from O (today)": rel_frobenius_error(out, truth.detach()),
