@@ -177,11 +177,12 @@ def test_long_sums_of_one_sign_agree_with_the_triton_backward(mask):
     sums same-sign terms over all 32 query tiles (s = 4k), and dP carries the offset. Both
     backwards hold such sums in fp32 (bf16 products, fp32 accumulators, different orders and
     code generators), so they agree within REF_RTOL.
-    (Against the exact gradients of unquantized attention these inputs are ill-conditioned for
-    FP8 scores: dS = P * (dP - delta) sums to zero over a row while its entries carry dP's large
-    common part, so P's E4M3-score error (a few %) stays in dq, dk. Measured on the H200,
+    (Against the exact gradients of unquantized attention both are off more than BF16 here,
+    through the backward's rule, not the kernels: D = rowsum(dO * O) takes the forward's FP8 O,
+    so dP's large common part does not cancel in dS = P * (dP - D). Measured on the H200,
     2026-12-04: dq, dk, dv off by 0.17 / 0.087 / 0.0044 (causal) where torch's BF16 SDPA backward
-    is off by 0.022 / 0.0087 / 0.0017; benchmarks/results/backward_h200.md.)"""
+    is off by 0.022 / 0.0087 / 0.0017; benchmarks/results/backward_h200.md,
+    bench_backward_delta.py.)"""
     gen = torch.Generator().manual_seed(13)
     q, k, v, d_out = (torch.randn(1, 4096, 2, 128, generator=gen) for _ in range(4))
     q, k = q.bfloat16().cuda(), k.bfloat16().cuda()
