@@ -56,25 +56,28 @@ def inputs(s: int, offset: float, seed: int = 13):
     return q.bfloat16(), k.bfloat16(), (v + offset).bfloat16(), (d_out + offset).bfloat16()
 
 
-def forward_normalized_by_used_weights(q, k, v):
-    """The fork's forward output with O divided by the sum of the weights P.V used (P8 on the
-    FP8 tiles, p on the boundary tiles) instead of the sum of p; fp64."""
-    out = ref_attention.reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
-    qt, kt, vt = (to_tokens(x, "bshd") for x in (q, k, v))
+def causal_fp8_scores(q, k):
+    """[s, s] fp64 scores of the E4M3 Q and K (the fork's per-token rule), -inf above the
+    diagonal: the scores of both the fork's forward and its backward."""
+    qt, kt = (to_tokens(x, "bshd") for x in (q, k))
     _, layout_kv = sequence_layouts(q, k, "bshd", "causal", None, None, None, None)
-    q_dq, k_dq, _ = ref_attention.dequantized_operands(
-        "fork-current", qt, kt, vt, layout_kv, ref_attention.QuantConfig()
+    q_dq, k_dq, _ = ref_attention.dequantized_operands(  # the scores need no V: K stands in
+        "fork-current", qt, kt, kt, layout_kv, ref_attention.QuantConfig()
     )
     s = q.shape[1]
-    scores = q_dq[:, 0] @ k_dq[:, 0].T * HEAD_DIM**-0.5
-    allowed = torch.ones(s, s, dtype=torch.bool).tril()
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    hidden = ~torch.ones(s, s, dtype=torch.bool).tril()
+    return (q_dq[:, 0] @ k_dq[:, 0].T * HEAD_DIM**-0.5).masked_fill(hidden, float("-inf"))
+
+
+def normalized_by_used_weights(out, scores):
+    """The fork's forward output `out` with O divided by the sum of the weights its P.V used (P8
+    on the FP8 tiles, p on the boundary tiles) instead of the sum of p; fp64."""
     p = torch.exp(scores - scores.amax(-1, keepdim=True))
     p8 = ref_attention.cast_to_e4m3((p * ref_attention.P_SCALE).float()).double()
     p8 = p8 / ref_attention.P_SCALE
-    tiles = ref_attention.Q_TILE, ref_attention.KV_TILE
-    rows, cols = torch.arange(s) // tiles[0], torch.arange(s) // tiles[1]
-    fp8_tile = (cols[None, :] < rows[:, None]) & allowed  # causal: tiles left of the diagonal
+    s = scores.shape[0]
+    rows, cols = torch.arange(s) // ref_attention.Q_TILE, torch.arange(s) // ref_attention.KV_TILE
+    fp8_tile = cols[None, :] < rows[:, None]  # causal: the tiles left of the diagonal tile
     used = torch.where(fp8_tile, p8, p).sum(-1)
     return out * (p.sum(-1) / used)[None, :, None, None]
 
@@ -82,15 +85,8 @@ def forward_normalized_by_used_weights(q, k, v):
 def own_output(q, k, v):
     """P . V with the backward's own P (softmax of the E4M3 scores, fp64) and unquantized V:
     the O whose rowsum(dO * O) is rowsum(P * dP), the own D. fp64, shaped as q."""
-    qt, kt, vt = (to_tokens(x, "bshd") for x in (q, k, v))
-    _, layout_kv = sequence_layouts(q, k, "bshd", "causal", None, None, None, None)
-    q_dq, k_dq, _ = ref_attention.dequantized_operands(
-        "fork-current", qt, kt, vt, layout_kv, ref_attention.QuantConfig()
-    )
-    s = q.shape[1]
-    allowed = torch.ones(s, s, dtype=torch.bool).tril()
-    scores = (q_dq[:, 0] @ k_dq[:, 0].T * HEAD_DIM**-0.5).masked_fill(~allowed, float("-inf"))
-    return (torch.softmax(scores, -1) @ vt[:, 0].double())[None, :, None, :]
+    p = torch.softmax(causal_fp8_scores(q, k), -1)
+    return (p @ v[0, :, 0].double())[None, :, None, :]
 
 
 def measure(s: int, offset: float) -> dict:
@@ -99,7 +95,7 @@ def measure(s: int, offset: float) -> dict:
     truth = ref_attention.reference_attention("bf16", *leaves, attn_mask_type="causal").out
     exact = torch.autograd.grad(truth, leaves, d_out.double())
     out = ref_attention.reference_attention("fork-current", q, k, v, attn_mask_type="causal").out
-    out8 = forward_normalized_by_used_weights(q, k, v)
+    out8 = normalized_by_used_weights(out, causal_fp8_scores(q, k))
     kw = dict(attn_mask_type="causal")
     rules = {
         "D from O (today)": reference_attention_backward(
