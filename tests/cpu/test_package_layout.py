@@ -201,12 +201,15 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     reasons = {
         "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
-        "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd"),
+        "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="thd"),
         "mask": attention.unsupported_reason(q, q, q, recipe="current", attn_mask_type="padding"),
         "dtype": attention.unsupported_reason(*(q.half(),) * 3, recipe="current"),
     }
     assert "recipe 'mxfp8'" in reasons["recipe"]
-    assert "qkv_format 'sbhd'" in reasons["format"]
+    assert "qkv_format 'thd'" in reasons["format"]
+    # sbhd is the kernel's (on bshd views): these CPU tensors fail a later check, not the format's
+    sbhd = attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd")
+    assert "qkv_format" not in sbhd and "sm90 GPU" in sbhd
     assert "attn_mask_type 'padding'" in reasons["mask"]
     assert "bf16 only" in reasons["dtype"]
     kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())

@@ -1,8 +1,8 @@
 """GPU tests of the sm_90a CUDA attention forward (exact_fp8/cuda/, the "cuda" kernel backend).
 
 The kernel has not run on hardware before these tests: tools/gpu_sm90_check.sh builds it and runs
-them first. They check, for the subset it implements (bshd, bf16, d = 128, current scaling,
-causal / no_mask, MHA and GQA):
+them first. They check, for the subset it implements (bshd and sbhd, bf16, d = 128, current
+scaling, causal / no_mask, MHA and GQA):
 - headline: bitwise invariance (torch.equal) of every output and LSE a mask hides from a
   perturbation (future Q, K and V with large finite values; other samples), with a visible
   perturbation as the control that must be seen;
@@ -349,6 +349,45 @@ def test_no_keys_gives_zero_and_minus_inf():
     assert not out.any() and torch.isneginf(lse).all()
 
 
+# -------------------------------------------------------------------- sbhd
+
+
+def _sbhd(*xs):
+    return tuple(x.transpose(0, 1).contiguous() for x in xs)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", [(2, 300, 300, 4, 2), (2, 77, 200, 4, 4)], ids=str)
+def test_sbhd_runs_the_kernel_and_equals_bshd_bit_for_bit(mask, shape):
+    """An sbhd call takes the CUDA kernel (on bshd views, cuda/attention.py): its O is the bshd
+    call's O transposed and its LSE the bshd call's, bit for bit."""
+    q, k, v = _inputs(31, *shape)
+    out, lse = _cuda(q, k, v, mask)
+    qs, ks, vs = _sbhd(q, k, v)
+    kw = dict(recipe="current", qkv_format="sbhd", attn_mask_type=mask)
+    assert kernels.choose_backend(qs, ks, vs, **kw) == "cuda"
+    out_s, lse_s = kernels.attention_forward(qs, ks, vs, backend="cuda", **kw)
+    assert out_s.shape == qs.shape and out_s.is_contiguous()
+    assert torch.equal(out_s.transpose(0, 1), out) and torch.equal(lse_s, lse)
+
+
+@pytest.mark.parametrize("t", [0, 135, 299])
+def test_sbhd_causal_future_changes_no_prefix_bit(t):
+    q, k, v = _sbhd(*_inputs(32, 2, 300, 300, 4, 2))
+    kw = dict(backend="cuda", recipe="current", qkv_format="sbhd", attn_mask_type="causal")
+    out, lse = kernels.attention_forward(q, k, v, **kw)
+
+    def future(x):  # sbhd: positions after t along dim 0
+        y = x.clone()
+        y[t + 1 :] = BF16_MAX
+        return y
+
+    out2, lse2 = kernels.attention_forward(future(q), future(k), future(v), **kw)
+    assert torch.equal(out2[: t + 1], out[: t + 1])
+    rows = lambda x: x.view(x.shape[0], 2, 300)[:, :, : t + 1]  # lse [h, b * s]
+    assert torch.equal(rows(lse2), rows(lse))
+
+
 # -------------------------------------------------------------------- what is not supported
 
 
@@ -359,7 +398,7 @@ def test_no_keys_gives_zero_and_minus_inf():
         (dict(attn_mask_type="padding_causal"), "attn_mask_type 'padding_causal'"),
         (dict(attn_mask_type="causal_bottom_right"), "attn_mask_type 'causal_bottom_right'"),
         (dict(window_size=(64, 0)), r"window_size \(64, 0\)"),
-        (dict(qkv_format="sbhd"), "qkv_format 'sbhd'"),
+        (dict(qkv_format="thd"), "qkv_format 'thd'"),
     ],
 )
 def test_unsupported_calls_raise(change, match):

@@ -1,7 +1,8 @@
 """GPU tests of the sm_90a CUDA attention backward (exact_fp8/cuda/backward.py, the "cuda"
 backend's backward; docs/backward.md, "The sm90 CUDA backward").
 
-For the subset it runs (bshd, bf16, d = 128, current scaling, causal / no_mask, MHA and GQA):
+For the subset it runs (bshd and sbhd, bf16, d = 128, current scaling, causal / no_mask, MHA and
+GQA):
 - headline: bitwise invariance (torch.equal) of every gradient a mask hides from a perturbation:
   a loss over rows <= t, the tokens after t replaced by finite values of every magnitude bf16
   holds (no control needed: for finite values the backward's arithmetic leaves no path, see
@@ -113,6 +114,22 @@ def test_backward_backend_is_chosen_for_what_it_runs(monkeypatch):
     )
     monkeypatch.setenv(kernels.BACKEND_ENV, "triton")
     assert kernels.choose_backward_backend(q, k, v, recipe="current") == "triton"
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_sbhd_runs_the_cuda_backward_and_equals_bshd_bit_for_bit(mask):
+    """An sbhd call takes the CUDA backward (bshd copies of V and dO, cuda/backward.py): its
+    gradients are the bshd call's transposed, bit for bit, contiguous in sbhd."""
+    q, k, v, d_out = _inputs(41, 2, 300, 300, 4, 2)
+    want = _grads(q, k, v, d_out, mask)
+    qs, ks, vs, ds = (x.transpose(0, 1).contiguous() for x in (q, k, v, d_out))
+    kw = dict(recipe="current", qkv_format="sbhd", attn_mask_type=mask)
+    assert kernels.choose_backward_backend(qs, ks, vs, **kw) == "cuda"
+    out, lse = kernels.attention_forward(qs, ks, vs, backend="cuda", **kw)
+    got = kernels.attention_backward(qs, ks, vs, out, ds, lse, backend="cuda", **kw)
+    for g, w, x in zip(got, want, (qs, ks, vs)):
+        assert g.shape == x.shape and g.is_contiguous()
+        assert torch.equal(g.transpose(0, 1), w)
 
 
 def test_dequantized_rows_are_the_triton_backwards_operands():

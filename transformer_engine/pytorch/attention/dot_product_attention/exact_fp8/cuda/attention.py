@@ -3,9 +3,11 @@
     out, lse = exact_fp8_attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
 
 Same arguments and results as triton.attention.exact_fp8_attention_forward, for the subset the
-kernel implements so far (docs/attention_kernel_sm90.md): bshd, bf16, d = 128, current scaling,
-"causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises ValueError
-naming what is not supported; the Triton backend runs it.
+kernel implements so far (docs/attention_kernel_sm90.md): bshd or sbhd, bf16, d = 128, current
+scaling, "causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises
+ValueError naming what is not supported; the Triton backend runs it. The kernel reads and writes
+bshd: an sbhd call runs it on bshd views of Q, K and V (the casts read any strides), through a
+bshd copy of V for the boundary tiles, and returns O copied to sbhd (contiguous).
 
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
@@ -53,7 +55,7 @@ def extension_has_kernel() -> bool:
 
 def _unsupported(what: str) -> ValueError:
     return ValueError(
-        f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd, bf16,"
+        f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd or sbhd, bf16,"
         f" d = {HEAD_DIMS[0]}, current scaling, {' / '.join(MASK_TYPES)}); use the Triton backend"
     )
 
@@ -99,8 +101,8 @@ def forward_supported(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward of a call unsupported_reason accepts (it checks nothing itself).
 
-    q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0), bf16, d = 128; out: q's shape,
-    bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
+    q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0; sbhd: [s, b, ...]), bf16,
+    d = 128; out: q's shape, bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
     key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3, scale_inv [h, b * s_q] fp32).
     fp8_v_everywhere=True is the LEAKY lower bound of the Triton kernel's signature, for
     benchmarks and negative controls only: boundary tiles keep their element-wise mask but use
@@ -109,8 +111,19 @@ def forward_supported(
     The recipe, format, mask, window, cu_seqlens (None) and max_seqlen_q / max_seqlen_kv are
     taken for the common signature; the checks have read them.
     """
-    del recipe, qkv_format, window_size, max_seqlen_q, max_seqlen_kv
+    del recipe, window_size, max_seqlen_q, max_seqlen_kv
     del cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
+    causal = attn_mask_type == "causal"
+    args = (causal, softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, q_fp8)
+    if qkv_format == "sbhd":  # the bshd views; O back to sbhd (module doc)
+        out, lse = _forward_bshd(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), *args)
+        return out.transpose(0, 1).contiguous(), lse
+    return _forward_bshd(q, k, v, *args)
+
+
+def _forward_bshd(q, k, v, causal, softmax_scale, use_power_2_scales, amax_epsilon,
+                  fp8_v_everywhere, q_fp8):  # fmt: skip
+    """forward_supported on bshd q, k, v [b, s, h, d] (views of any strides, d contiguous)."""
     batch, s_q, heads, d = q.shape
     s_kv = k.shape[1]
     if softmax_scale is None:
@@ -121,7 +134,6 @@ def forward_supported(
         return out, lse
     if s_kv == 0:  # no key anywhere: every row sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
-    causal = attn_mask_type == "causal"
     if q_fp8 is None:  # the casts and the kernel in one extension call
         _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, use_power_2_scales,
                              amax_epsilon, fp8_v_everywhere)  # fmt: skip
@@ -255,7 +267,8 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
     if not (get("cu_seqlens_q") is None and get("cu_seqlens_kv") is None
             and get("cu_seqlens_q_padded") is None and get("cu_seqlens_kv_padded") is None):  # fmt: skip
         return _unsupported("cu_seqlens (padding masks and thd)")
-    if get("fp8_v_everywhere") and k.dim() == 4 and k.shape[1] % KV_TILE != 0:
+    s_kv_dim = 0 if get("qkv_format") == "sbhd" else 1
+    if get("fp8_v_everywhere") and k.dim() == 4 and k.shape[s_kv_dim] % KV_TILE != 0:
         # its V8^T keeps a ragged last 16-key group in natural order (vt_layout)
         return _unsupported("fp8_v_everywhere (the leaky variant) with s_kv not a multiple of 128")
     try:
@@ -339,14 +352,16 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
     check_mask_type(attn_mask_type, window_size)
     if recipe != "current":
         raise _unsupported(f"recipe {recipe!r}")
-    if qkv_format != "bshd":
+    if qkv_format not in ("bshd", "sbhd"):
         raise _unsupported(f"qkv_format {qkv_format!r}")
     if attn_mask_type not in MASK_TYPES:
         raise _unsupported(f"attn_mask_type {attn_mask_type!r}")
     if window_size is not None and tuple(window_size) not in _WINDOWS[attn_mask_type]:
         raise _unsupported(f"window_size {tuple(window_size)}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"bshd needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
+        raise ValueError(f"{qkv_format} needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
+    if qkv_format == "sbhd":  # the checks below read bshd
+        q, k, v = (x.transpose(0, 1) for x in (q, k, v))
     bf16 = torch.bfloat16
     if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16:
         raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 only)")

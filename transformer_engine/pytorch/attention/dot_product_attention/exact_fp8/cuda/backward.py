@@ -3,8 +3,9 @@
     dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
-subset the CUDA forward runs (bshd, bf16, d = 128, current scaling, causal or no mask, MHA or
-GQA; cuda.attention.unsupported_reason decides). Q and K are quantized again by the forward's
+subset the CUDA forward runs (bshd or sbhd, bf16, d = 128, current scaling, causal or no mask,
+MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read and write bshd: an sbhd
+call gives them bshd copies of V and dO and returns the gradients copied to sbhd (contiguous). Q and K are quantized again by the forward's
 own casts (the forward's FP8 operands bit for bit, Note [Mask-exact FP8 scaling]); D and LSE2
 come from the Triton backward's preprocess kernel and the dequantized bf16 copies of Q8 and K8
 from its dequantize_rows_kernel; the two CUDA kernels (dK/dV, then dQ) read the FP8 operands for
@@ -71,19 +72,20 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     call again: kernels.attention_backward has, once per call)."""
     from ..triton.backward import check_forward_outputs, dequantized_rows, row_statistics
 
-    batch, s_q, heads, d = q.shape
-    s_kv, heads_kv = k.shape[1], k.shape[2]
+    qkv_format = kwargs.get("qkv_format", "bshd")
+    to_bshd = (lambda x: x.transpose(0, 1)) if qkv_format == "sbhd" else (lambda x: x)
+    batch, s_q, heads, d = to_bshd(q).shape
+    s_kv, heads_kv = to_bshd(k).shape[1], k.shape[2]
     check_forward_outputs(q, out, d_out, lse, batch * s_q)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # [b, s, h, d] (bshd) for the kernels
+    dq, dk, dv = (torch.empty(to_bshd(x).shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     if batch * s_q == 0 or s_kv == 0:  # nothing to see: every gradient is 0
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     softmax_scale = kwargs.get("softmax_scale")
     if softmax_scale is None:
         softmax_scale = d**-0.5
     cast = dict(
-        qkv_format="bshd",
+        qkv_format=qkv_format,
         use_power_2_scales=bool(kwargs.get("use_power_2_scales", False)),
         amax_epsilon=float(kwargs.get("amax_epsilon", 0.0)),
     )
@@ -93,11 +95,17 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     q_dq, k_dq = dequantized_rows(q8, q_scale), dequantized_rows(k8, k_scale)
 
     delta, lse2 = row_statistics(
-        q, k, out, d_out, lse, attn_mask_type=kwargs.get("attn_mask_type", "causal")
+        q,
+        k,
+        out,
+        d_out,
+        lse,
+        qkv_format=qkv_format,
+        attn_mask_type=kwargs.get("attn_mask_type", "causal"),
     )
     rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
     keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
-    v, d_out = v.contiguous(), d_out.contiguous()
+    v, d_out = to_bshd(v).contiguous(), to_bshd(d_out).contiguous()
     quantize._launch(
         dq, quantize._ext.attention_sm90_bwd,
         q8.data_ptr(), q_dq.data_ptr(), k8.data_ptr(), k_dq.data_ptr(), keys.data_ptr(),
@@ -105,6 +113,8 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
         dv.data_ptr(), batch, s_q, s_kv, heads, heads_kv, d,
         kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
     )  # fmt: skip
+    if qkv_format == "sbhd":
+        return tuple(to_bshd(g).contiguous() for g in (dq, dk, dv))
     return dq, dk, dv
 
 
