@@ -11,7 +11,6 @@ a shape one after another in one process. Prints a markdown table (and writes DI
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,26 +22,15 @@ sys.path.insert(0, str(ROOT))
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    gpu_ms_per_call,
+)
 
 PATHS = (
     ("cuda bshd", "bshd", "cuda"),
     ("cuda sbhd", "sbhd", "cuda"),
     ("triton sbhd", "sbhd", "triton"),
 )
-
-
-def median_ms(fn, calls: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def measure(s: int) -> list:
@@ -61,7 +49,8 @@ def measure(s: int) -> list:
             out, lse = forward()
             kernels.attention_backward(q, k, v, out, d_out, lse, **kw)
 
-        rows.append((s, name, median_ms(forward), median_ms(forward_backward)))
+        ms = [gpu_ms_per_call(fn, warmup=1, calls=10) for fn in (forward, forward_backward)]
+        rows.append((s, name, *ms))
     return rows
 
 

@@ -102,8 +102,9 @@ def forward_supported(
     """The forward of a call unsupported_reason accepts (it checks nothing itself).
 
     q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0; sbhd: [s, b, ...]), bf16,
-    d = 128; out: q's shape, bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and out 0 for a row that sees no
-    key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3, scale_inv [h, b * s_q] fp32).
+    d = 128; out: q's shape, bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and
+    out 0 for a row that sees no key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3,
+    scale_inv [h, b * s_q] fp32).
     fp8_v_everywhere=True is the LEAKY lower bound of the Triton kernel's signature, for
     benchmarks and negative controls only: boundary tiles keep their element-wise mask but use
     E4M3 P and V8^T with its chunk scale, so hidden keys of a boundary tile change visible rows

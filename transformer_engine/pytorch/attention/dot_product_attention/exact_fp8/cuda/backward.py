@@ -5,11 +5,11 @@
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
 subset the CUDA forward runs (bshd or sbhd, bf16, d = 128, current scaling, causal or no mask,
 MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read and write bshd: an sbhd
-call gives them bshd copies of V and dO and returns the gradients copied to sbhd (contiguous). Q and K are quantized again by the forward's
-own casts (the forward's FP8 operands bit for bit, Note [Mask-exact FP8 scaling]); D and LSE2
-come from the Triton backward's preprocess kernel and the dequantized bf16 copies of Q8 and K8
-from its dequantize_rows_kernel; the two CUDA kernels (dK/dV, then dQ) read the FP8 operands for
-the scores and the dequantized copies for dK and dQ.
+call gives them bshd copies of V and dO and returns the gradients copied to sbhd (contiguous).
+Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for bit,
+Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel and
+the dequantized bf16 copies of Q8 and K8 from its dequantize_rows_kernel; the two CUDA kernels
+(dK/dV, then dQ) read the FP8 operands for the scores and the dequantized copies for dK and dQ.
 Design: docs/backward.md, "The sm90 CUDA backward".
 """
 
@@ -77,10 +77,10 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     batch, s_q, heads, d = to_bshd(q).shape
     s_kv, heads_kv = to_bshd(k).shape[1], k.shape[2]
     check_forward_outputs(q, out, d_out, lse, batch * s_q)
-    # [b, s, h, d] (bshd) for the kernels
-    dq, dk, dv = (torch.empty(to_bshd(x).shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     if batch * s_q == 0 or s_kv == 0:  # nothing to see: every gradient is 0
         return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+    # [b, s, h, d] (bshd) for the kernels
+    dq, dk, dv = (torch.empty(to_bshd(x).shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     softmax_scale = kwargs.get("softmax_scale")
     if softmax_scale is None:
         softmax_scale = d**-0.5
