@@ -11,6 +11,12 @@ torch.profiler's device time per kernel of one 8k backward. The table holds the 
 rounds of each build's milliseconds and its ratio to the first build, torch's cuDNN BF16 SDPA
 backward of the same shape beside it (timed in the first build's processes).
 Writes DIR/ab_backward.md and DIR/ab_backward.json and prints the table.
+
+A child's PYTHONPATH is its build's folder first, then this checkout: a build whose Python
+launcher differs from this checkout's (new arguments of the extension's functions) carries its
+own copy of the package, DIR_B/transformer_engine/pytorch/attention/dot_product_attention/
+exact_fp8, which the child then imports instead of this checkout's (the folders above it are
+namespace packages).
 """
 
 import argparse
