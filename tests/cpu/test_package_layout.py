@@ -228,3 +228,18 @@ def test_last_backend_records_the_backend_that_ran(monkeypatch):
     q = torch.zeros(1, 2, 1, 64)
     kernels.attention_forward(q, q, q, backend="triton", recipe="current")
     assert kernels.last_backend() == "triton"
+
+
+def test_cuda_kernel_view_keeps_bshd_and_sbhd_views_and_copies_the_rest():
+    """cuda.attention.kernel_view: the CUDA kernel reads V and writes O through batch and
+    sequence strides (heads d apart, d contiguous, strides multiples of 8 elements for TMA), so
+    a bshd tensor and the bshd view of an sbhd one pass as they are; anything else is copied."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
+
+    bshd = torch.zeros(2, 5, 3, 128, dtype=torch.bfloat16)
+    assert attention.kernel_view(bshd) is bshd
+    sbhd = torch.zeros(5, 2, 3, 128, dtype=torch.bfloat16).transpose(0, 1)
+    assert attention.kernel_view(sbhd) is sbhd
+    narrow = torch.zeros(2, 5, 3, 256, dtype=torch.bfloat16)[..., :128]  # heads 256 apart
+    copied = attention.kernel_view(narrow)
+    assert copied.is_contiguous() and torch.equal(copied, narrow)

@@ -28,7 +28,8 @@ NVTEExactFP8AttentionSm90Args attention_args(
     uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
     uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
     int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
-    float softmax_scale, bool fp8_v_everywhere) {
+    float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
+    int64_t out_stride_batch, int64_t out_stride_seq) {
   NVTEExactFP8AttentionSm90Args a{};
   a.q8 = reinterpret_cast<const void *>(q8);
   a.q_scale = reinterpret_cast<const float *>(q_scale);
@@ -52,6 +53,10 @@ NVTEExactFP8AttentionSm90Args attention_args(
   a.causal = causal ? 1 : 0;
   a.softmax_scale = softmax_scale;
   a.fp8_v_everywhere = fp8_v_everywhere ? 1 : 0;
+  a.v_stride_batch = v_stride_batch;
+  a.v_stride_seq = v_stride_seq;
+  a.out_stride_batch = out_stride_batch;
+  a.out_stride_seq = out_stride_seq;
   return a;
 }
 
@@ -71,11 +76,13 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
          int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
-         float softmax_scale, bool fp8_v_everywhere, uintptr_t stream) {
+         float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
+         int64_t out_stride_batch, int64_t out_stride_seq, uintptr_t stream) {
         const NVTEExactFP8AttentionSm90Args a = attention_args(
             q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v, out, lse, batch,
             seqlen_q, seqlen_kv, heads, heads_kv, head_dim, vt_width, num_chunks, causal,
-            softmax_scale, fp8_v_everywhere);
+            softmax_scale, fp8_v_everywhere, v_stride_batch, v_stride_seq, out_stride_batch,
+            out_stride_seq);
         check(nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       py::arg("q8"), py::arg("q_scale"), py::arg("k8"), py::arg("k_scale"), py::arg("v8t"),
@@ -83,10 +90,12 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("lse"), py::arg("batch"), py::arg("seqlen_q"), py::arg("seqlen_kv"),
       py::arg("heads"), py::arg("heads_kv"), py::arg("head_dim"), py::arg("vt_width"),
       py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"),
-      py::arg("fp8_v_everywhere"), py::arg("stream"),
-      "Mask-exact FP8 attention forward on sm_90a (bshd, d = 128, bf16, current scaling): "
-      "out [b, s_q, h, d] bf16, lse [h, b * s_q] fp32; fp8_v_everywhere: the LEAKY benchmark "
-      "and negative-control mode. See exact_fp8_attention_sm90.h.");
+      py::arg("fp8_v_everywhere"), py::arg("v_stride_batch"), py::arg("v_stride_seq"),
+      py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("stream"),
+      "Mask-exact FP8 attention forward on sm_90a (bshd views, d = 128, bf16, current scaling): "
+      "out [b, s_q, h, d] bf16 (element strides of its batch and sequence dims, 0: contiguous), "
+      "lse [h, b * s_q] fp32; v likewise; fp8_v_everywhere: the LEAKY benchmark and "
+      "negative-control mode. See exact_fp8_attention_sm90.h.");
   m.def(
       "attention_sm90_fwd_quantizing",
       [](uintptr_t q, int64_t q_stride_batch, int64_t q_stride_seq, int64_t q_stride_head,
@@ -96,7 +105,8 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t cu_vt, uintptr_t v, uintptr_t out, uintptr_t lse, int64_t batch,
          int64_t seqlen_q, int64_t seqlen_kv, int64_t heads, int64_t heads_kv, int64_t head_dim,
          int64_t vt_width, int64_t num_chunks, bool causal, float softmax_scale,
-         bool fp8_v_everywhere, uintptr_t stream) {
+         bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
+         int64_t out_stride_batch, int64_t out_stride_seq, uintptr_t stream) {
         NVTEExactFP8AttentionSm90QuantizingArgs a{};
         using exact_fp8_binding::token_view;
         a.q = token_view(q, NVTE_EXACT_FP8_BFLOAT16, batch, seqlen_q, heads, head_dim,
@@ -108,11 +118,13 @@ void register_exact_fp8_attention(py::module_ &m) {
         a.attention = attention_args(q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v,
                                      out, lse, batch, seqlen_q, seqlen_kv, heads, heads_kv,
                                      head_dim, vt_width, num_chunks, causal, softmax_scale,
-                                     fp8_v_everywhere);
+                                     fp8_v_everywhere, v_stride_batch, v_stride_seq,
+                                     out_stride_batch, out_stride_seq);
         check(nvte_exact_fp8_attention_sm90_fwd_quantizing(
             &a, reinterpret_cast<cudaStream_t>(stream)));
       },
-      "The forward from bf16 q (bshd view: element strides) and k (same) and the contiguous v: "
+      "The forward from bf16 q (bshd view: element strides) and k (same) and v (batch and "
+      "sequence strides, 0: contiguous): "
       "the Q, K and V casts into the given buffers, then attention_sm90_fwd, in one call "
       "(positional arguments only: the host time of small calls). See "
       "nvte_exact_fp8_attention_sm90_fwd_quantizing in exact_fp8_attention_sm90.h.");

@@ -50,10 +50,9 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &
       o0 = __fdiv_rn(tOrO(v), denom[h]) * u;
       o1 = __fdiv_rn(tOrO(v + 1), denom[h]) * u;
     }
-    const int64_t token = static_cast<int64_t>(batch) * p.seqlen_q + row[h];
-    const int col = get<1>(tOcO(v));
-    *reinterpret_cast<__nv_bfloat162 *>(out + (token * p.heads + head) * kHeadDim + col) =
-        __floats2bfloat162_rn(o0, o1);
+    const int64_t at = batch * p.out_stride_batch + row[h] * p.out_stride_seq +
+                       static_cast<int64_t>(head) * kHeadDim + get<1>(tOcO(v));
+    *reinterpret_cast<__nv_bfloat162 *>(out + at) = __floats2bfloat162_rn(o0, o1);
   }
 }
 

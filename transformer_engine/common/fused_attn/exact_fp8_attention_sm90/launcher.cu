@@ -54,15 +54,28 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
       !aligned16(a.out)) {
     return "q8, k8, v8t, v and out must be 16-byte aligned (TMA)";
   }
+  if (a.v_stride_batch % 8 || a.v_stride_seq % 8 || a.out_stride_batch % 8 ||
+      a.out_stride_seq % 8 || a.v_stride_batch < 0 || a.v_stride_seq < 0 ||
+      a.out_stride_batch < 0 || a.out_stride_seq < 0) {
+    return "the strides of v and out must be non-negative multiples of 8 elements (TMA)";
+  }
   return "";
 }
 
-/* The token view of the contiguous V [batch, seqlen_kv, heads_kv, d] of `a`. */
-NVTEExactFP8TokenView contiguous_v(const NVTEExactFP8AttentionSm90Args &a) {
-  const int64_t row = a.heads_kv * a.head_dim;
+/* Element strides (batch, sequence) of v and out: the args', or the contiguous bshd layout's
+ * where they are 0. */
+int64_t v_stride_batch(const NVTEExactFP8AttentionSm90Args &a) {
+  return a.v_stride_batch ? a.v_stride_batch : a.seqlen_kv * a.heads_kv * a.head_dim;
+}
+int64_t v_stride_seq(const NVTEExactFP8AttentionSm90Args &a) {
+  return a.v_stride_seq ? a.v_stride_seq : a.heads_kv * a.head_dim;
+}
+
+/* The token view of V [batch, seqlen_kv, heads_kv, d] of `a`. */
+NVTEExactFP8TokenView v_view(const NVTEExactFP8AttentionSm90Args &a) {
   return NVTEExactFP8TokenView{a.v,          NVTE_EXACT_FP8_BFLOAT16, a.batch,
                                a.seqlen_kv,  a.heads_kv,              a.head_dim,
-                               a.seqlen_kv * row, row,                a.head_dim};
+                               v_stride_batch(a), v_stride_seq(a),    a.head_dim};
 }
 
 std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int64_t batch,
@@ -107,6 +120,8 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   p.heads = h;
   p.heads_kv = h_kv;
   p.num_chunks = static_cast<int>(a.num_chunks);
+  p.out_stride_seq = a.out_stride_seq ? a.out_stride_seq : a.heads * a.head_dim;
+  p.out_stride_batch = a.out_stride_batch ? a.out_stride_batch : a.seqlen_q * p.out_stride_seq;
   p.num_q_tiles = (s_q + kQTile - 1) / kQTile;
   p.causal = a.causal != 0;
   p.scale_log2 = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634);
@@ -127,10 +142,11 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
                          G::ShapeRows{kHeadDim, width, h_kv},
                          G::StrideVt{int64_t(width), _1{}, d * width});
-  // V [b, s_kv, h_kv, d] bf16 as (d, s_kv, h_kv, b)
+  // V [b, s_kv, h_kv, d] bf16 (its strides) as (d, s_kv, h_kv, b)
+  const int64_t v_sb = a.v_stride_batch ? a.v_stride_batch : int64_t(s_kv_desc) * h_kv * d;
   auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
                         G::ShapeV{kHeadDim, s_kv_desc, h_kv, b},
-                        G::StrideV{_1{}, int64_t(h_kv) * d, d, int64_t(s_kv_desc) * h_kv * d});
+                        G::StrideV{_1{}, v_stride_seq(a), d, v_sb});
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, KernelTraits::SmemLayoutFp8{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, KernelTraits::SmemLayoutFp8{});
   kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, KernelTraits::SmemLayoutFp8{});
@@ -191,7 +207,7 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
       const_cast<void *>(a.k8), const_cast<float *>(a.k_scale), pow2, args->amax_epsilon, stream);
   if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q and K casts");
   if (a.seqlen_kv > 0) {
-    const NVTEExactFP8TokenView v = s::contiguous_v(a);
+    const NVTEExactFP8TokenView v = s::v_view(a);
     const bool aligned = a.batch > 1 && a.seqlen_kv % 16 != 0;  // the header's cu_vt rule
     const NVTEExactFP8Chunks chunks{nullptr,      a.cu_chunks, a.batch,
                                     a.num_chunks, s::kKVTile,  aligned ? a.cu_vt : nullptr,

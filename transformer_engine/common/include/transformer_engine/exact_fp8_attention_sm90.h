@@ -41,8 +41,10 @@ typedef struct {
   const float *v_scale;    /* [heads_kv, num_chunks] fp32, scale_inv of one 128-token V chunk */
   const int32_t *cu_chunks; /* [batch + 1] int32: sample n's first V chunk                     */
   const int32_t *cu_vt;    /* [batch + 1] int32: V8^T column of sample n's first key (16 | it) */
-  const void *v;           /* [batch, seqlen_kv, heads_kv, d] bf16: unquantized V (boundary)  */
-  void *out;               /* [batch, seqlen_q, heads, d] bf16                                  */
+  const void *v;           /* [batch, seqlen_kv, heads_kv, d] bf16: unquantized V (boundary);
+                              strides v_stride_batch, v_stride_seq, d, 1                      */
+  void *out;               /* [batch, seqlen_q, heads, d] bf16; strides out_stride_batch,
+                              out_stride_seq, d, 1                                            */
   float *lse;              /* [heads, t_q] fp32: natural log, -inf for a row that sees nothing */
   int64_t batch;
   int64_t seqlen_q;
@@ -58,6 +60,12 @@ typedef struct {
                                controls only: boundary tiles keep their element-wise mask but
                                use E4M3 P and V8^T with its chunk scale, which hidden keys
                                enter; seqlen_kv must be a multiple of 128 */
+  /* Element strides of v's and out's batch and sequence dims (heads d apart, d contiguous):
+     0 for the contiguous bshd layout's; sbhd views pass theirs. Multiples of 8 (TMA). */
+  int64_t v_stride_batch;
+  int64_t v_stride_seq;
+  int64_t out_stride_batch;
+  int64_t out_stride_seq;
 } NVTEExactFP8AttentionSm90Args;
 
 /* Whether this library was built with the sm_90a kernel (1) or without it (0). */

@@ -6,8 +6,8 @@ Same arguments and results as triton.attention.exact_fp8_attention_forward, for 
 kernel implements so far (docs/attention_kernel_sm90.md): bshd or sbhd, bf16, d = 128, current
 scaling, "causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises
 ValueError naming what is not supported; the Triton backend runs it. The kernel reads and writes
-bshd: an sbhd call runs it on bshd views of Q, K and V (the casts read any strides), through a
-bshd copy of V for the boundary tiles, and returns O copied to sbhd (contiguous).
+bshd views: an sbhd call runs it on the bshd views of Q, K, V and O (the casts read any strides;
+V's tensor map and the epilogue take V's and O's batch and sequence strides), no copies.
 
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
@@ -116,33 +116,50 @@ def forward_supported(
     del cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     causal = attn_mask_type == "causal"
     args = (causal, softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, q_fp8)
-    if qkv_format == "sbhd":  # the bshd views; O back to sbhd (module doc)
-        out, lse = _forward_bshd(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), *args)
-        return out.transpose(0, 1).contiguous(), lse
-    return _forward_bshd(q, k, v, *args)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # in q's format
+    if qkv_format == "sbhd":  # the bshd views (module doc)
+        bshd = (x.transpose(0, 1) for x in (q, k, v, out))
+        return out, _forward_bshd(*bshd, *args)
+    return out, _forward_bshd(q, k, v, out, *args)
 
 
-def _forward_bshd(q, k, v, causal, softmax_scale, use_power_2_scales, amax_epsilon,
+def _forward_bshd(q, k, v, out, causal, softmax_scale, use_power_2_scales, amax_epsilon,
                   fp8_v_everywhere, q_fp8):  # fmt: skip
-    """forward_supported on bshd q, k, v [b, s, h, d] (views of any strides, d contiguous)."""
+    """forward_supported on bshd q, k, v [b, s, h, d] (views of any strides, d contiguous) into
+    out (a bshd view, heads d apart, d contiguous). Returns lse."""
     batch, s_q, heads, d = q.shape
     s_kv = k.shape[1]
     if softmax_scale is None:
         softmax_scale = d**-0.5
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(heads, batch * s_q, dtype=torch.float32, device=q.device)
     if batch * s_q == 0:
-        return out, lse
+        return lse
     if s_kv == 0:  # no key anywhere: every row sees nothing
-        return out.zero_(), lse.fill_(float("-inf"))
+        out.zero_()
+        return lse.fill_(float("-inf"))
     if q_fp8 is None:  # the casts and the kernel in one extension call
         _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, use_power_2_scales,
                              amax_epsilon, fp8_v_everywhere)  # fmt: skip
-        return out, lse
+        return lse
     cast = dict(qkv_format="bshd", use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon)
     operands = quantize_operands(q, k, v, q_fp8, **cast)
     launch(operands, out, lse, causal, softmax_scale, fp8_v_everywhere)
-    return out, lse
+    return lse
+
+
+def kernel_view(x: torch.Tensor) -> torch.Tensor:
+    """x [b, s, h, d] as the kernel reads V and writes O: itself if its heads are d apart, d is
+    contiguous and its batch and sequence strides are multiples of 8 elements (16 bytes: TMA),
+    else a contiguous copy (a bshd tensor, or the bshd view of an sbhd one, passes as is)."""
+    st = x.stride()
+    if st[3] == 1 and st[2] == x.shape[3] and st[0] % 8 == 0 and st[1] % 8 == 0:
+        return x
+    return x.contiguous()
+
+
+def _strides(v: torch.Tensor, out: torch.Tensor) -> Tuple[int, int, int, int]:
+    """The kernel's stride arguments: v's and out's batch and sequence strides (elements)."""
+    return v.stride(0), v.stride(1), out.stride(0), out.stride(1)
 
 
 class _Workspace(NamedTuple):
@@ -238,7 +255,7 @@ def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon
     if ks[3] != 1:
         k = k.contiguous()
         ks = k.stride()
-    v = v.contiguous()
+    v = kernel_view(v)
     quantize._launch(
         out, quantize._ext.attention_sm90_fwd_quantizing,
         q.data_ptr(), qs[0], qs[1], qs[2], k.data_ptr(), ks[0], ks[1], ks[2],
@@ -246,7 +263,7 @@ def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon
         base + ws.k_scale, base + ws.v8t, base + ws.v_scale, cu_chunks.data_ptr(),
         cu_vt.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ws.vt_width, ws.num_chunks,
-        bool(causal), float(softmax_scale), bool(leaky),
+        bool(causal), float(softmax_scale), bool(leaky), *_strides(v, out),
     )  # fmt: skip
 
 
@@ -292,7 +309,7 @@ class Operands(NamedTuple):
     v_scale: torch.Tensor  # [h_kv, num_chunks] fp32, scale_inv of one 128-token V chunk
     cu_chunks: torch.Tensor  # [b + 1] int32, sample n's first V chunk
     cu_vt: torch.Tensor  # [b + 1] int32, V8^T column of sample n's first key
-    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16, contiguous: the boundary tiles' V
+    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16 (kernel_view): the boundary tiles' V
 
 
 def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
@@ -307,7 +324,7 @@ def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
     )
     cu_vt = dense_column_starts(batch, s_kv, v.device, aligned)
     return Operands(q8, q_scale, k8, k_scale.contiguous(), v8t, v_scale.contiguous(), cu_chunks,
-                    cu_vt, v.contiguous())  # fmt: skip
+                    cu_vt, kernel_view(v))  # fmt: skip
 
 
 def launch(
@@ -318,7 +335,8 @@ def launch(
     softmax_scale,
     fp8_v_everywhere: bool = False,
 ):
-    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 and lse [h, t_q].
+    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 (a bshd view with
+    kernel_view's strides) and lse [h, t_q].
     fp8_v_everywhere: the LEAKY variant (benchmarks and negative controls only)."""
     batch, s_q, heads, d = out.shape
     s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
@@ -330,7 +348,7 @@ def launch(
         ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
         ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
-        bool(causal), float(softmax_scale), bool(fp8_v_everywhere),
+        bool(causal), float(softmax_scale), bool(fp8_v_everywhere), *_strides(ops.v, out),
     )  # fmt: skip
 
 
