@@ -133,7 +133,10 @@ void register_exact_fp8_attention(py::module_ &m) {
       [](uintptr_t q8, uintptr_t q_dq, uintptr_t k8, uintptr_t k_dq, uintptr_t k_scale,
          uintptr_t v, uintptr_t d_out, uintptr_t row_values, uintptr_t dq, uintptr_t dk,
          uintptr_t dv, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
-         int64_t heads_kv, int64_t head_dim, bool causal, float softmax_scale, uintptr_t stream) {
+         int64_t heads_kv, int64_t head_dim, bool causal, float softmax_scale,
+         int64_t v_stride_batch, int64_t v_stride_seq, int64_t d_out_stride_batch,
+         int64_t d_out_stride_seq, int64_t dq_stride_batch, int64_t dq_stride_seq,
+         int64_t dkv_stride_batch, int64_t dkv_stride_seq, uintptr_t stream) {
         NVTEExactFP8AttentionSm90BwdArgs a{};
         a.q8 = reinterpret_cast<const void *>(q8);
         a.q_dq = reinterpret_cast<const void *>(q_dq);
@@ -154,11 +157,20 @@ void register_exact_fp8_attention(py::module_ &m) {
         a.head_dim = head_dim;
         a.causal = causal ? 1 : 0;
         a.softmax_scale = softmax_scale;
+        a.v_stride_batch = v_stride_batch;
+        a.v_stride_seq = v_stride_seq;
+        a.d_out_stride_batch = d_out_stride_batch;
+        a.d_out_stride_seq = d_out_stride_seq;
+        a.dq_stride_batch = dq_stride_batch;
+        a.dq_stride_seq = dq_stride_seq;
+        a.dkv_stride_batch = dkv_stride_batch;
+        a.dkv_stride_seq = dkv_stride_seq;
         check(nvte_exact_fp8_attention_sm90_bwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       "Mask-exact FP8 attention backward on sm_90a (the forward's subset): dq, dk, dv from the "
       "forward's FP8 operands, their dequantized bf16 copies, the padded K scales and the row "
-      "values (positional arguments only). See nvte_exact_fp8_attention_sm90_bwd in "
+      "values; the batch and sequence strides of v, d_out, dq and dk / dv (0: contiguous bshd) "
+      "(positional arguments only). See nvte_exact_fp8_attention_sm90_bwd in "
       "exact_fp8_attention_sm90.h.");
 #else
   (void)m;

@@ -225,9 +225,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 
   // dV and dK * softmax_scale of the tile's real keys ([b, s_kv, h_kv, d]).
-  const int64_t row_stride = static_cast<int64_t>(p.heads_kv) * kHeadDim;
-  const int64_t base =
-      (static_cast<int64_t>(batch) * p.seqlen_kv * p.heads_kv + kv_head) * kHeadDim;
+  const int64_t row_stride = p.dkv_stride_seq;
+  const int64_t base = batch * p.dkv_stride_batch + static_cast<int64_t>(kv_head) * kHeadDim;
   store_rows(tdVrdV, tdVcdV, 1.0f, static_cast<__nv_bfloat16 *>(p.dv) + base, row_stride, n0,
              p.seqlen_kv);
   store_rows(tdKrdK, tdVcdV, p.softmax_scale, static_cast<__nv_bfloat16 *>(p.dk) + base, row_stride,

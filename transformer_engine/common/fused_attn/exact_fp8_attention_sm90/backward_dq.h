@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 
   // dQ * softmax_scale of the tile's real rows ([b, s_q, h, d]).
-  const int64_t row_stride = static_cast<int64_t>(p.heads) * kHeadDim;
-  const int64_t base = (static_cast<int64_t>(batch) * p.seqlen_q * p.heads + head) * kHeadDim;
+  const int64_t row_stride = p.dq_stride_seq;
+  const int64_t base = batch * p.dq_stride_batch + static_cast<int64_t>(head) * kHeadDim;
   store_rows(tdQrdQ, tdQcdQ, p.softmax_scale, static_cast<__nv_bfloat16 *>(p.dq) + base, row_stride,
              m0, p.seqlen_q);
 #endif

@@ -51,6 +51,13 @@ std::string check(const NVTEExactFP8AttentionSm90BwdArgs &a) {
       !aligned16(a.dq) || !aligned16(a.dk) || !aligned16(a.dv)) {
     return "every array must be 16-byte aligned (TMA and bulk copies)";
   }
+  for (const int64_t stride : {a.v_stride_batch, a.v_stride_seq, a.d_out_stride_batch,
+                               a.d_out_stride_seq, a.dq_stride_batch, a.dq_stride_seq,
+                               a.dkv_stride_batch, a.dkv_stride_seq}) {
+    if (stride < 0 || stride % 8 != 0) {
+      return "the strides of v, d_out, dq, dk and dv must be non-negative multiples of 8 (TMA)";
+    }
+  }
   return "";
 }
 
@@ -65,13 +72,16 @@ auto token_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
                      G::Stride4{d, _1{}, int64_t(b) * s * d, int64_t(s) * d});
 }
 
-/* A [b, s, heads, d] operand as (s, d, head, sample). */
+/* A [b, s, heads, d] operand (element strides stride_batch, stride_seq, d, 1; 0, 0: the
+ * contiguous layout's) as (s, d, head, sample). */
 template <class T>
-auto sample_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
+auto sample_major(const void *ptr, int32_t b, int32_t s, int32_t heads, int64_t stride_batch,
+                  int64_t stride_seq) {
   const int64_t d = kHeadDim;
+  const int64_t seq = stride_seq ? stride_seq : int64_t(heads) * d;
   return make_tensor(make_gmem_ptr(static_cast<T const *>(ptr)),
                      G::Shape4{s, int32_t(kHeadDim), heads, b},
-                     G::Stride4{int64_t(heads) * d, _1{}, d, int64_t(s) * heads * d});
+                     G::Stride4{seq, _1{}, d, stride_batch ? stride_batch : int64_t(s) * seq});
 }
 
 NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_t stream) {
@@ -88,6 +98,10 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
   p.dq = a.dq;
   p.dk = a.dk;
   p.dv = a.dv;
+  p.dq_stride_seq = a.dq_stride_seq ? a.dq_stride_seq : int64_t(h) * kHeadDim;
+  p.dq_stride_batch = a.dq_stride_batch ? a.dq_stride_batch : int64_t(s_q) * p.dq_stride_seq;
+  p.dkv_stride_seq = a.dkv_stride_seq ? a.dkv_stride_seq : int64_t(h_kv) * kHeadDim;
+  p.dkv_stride_batch = a.dkv_stride_batch ? a.dkv_stride_batch : int64_t(s_kv) * p.dkv_stride_seq;
   p.batch = b;
   p.seqlen_q = s_q;
   p.seqlen_kv = s_kv;
@@ -102,8 +116,8 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
   auto q_dq = token_major<Bf16>(a.q_dq, b, s_q, h);
   auto k8 = token_major<Fp8>(a.k8, b, s_kv, h_kv);
   auto k_dq = token_major<Bf16>(a.k_dq, b, s_kv, h_kv);
-  auto v = sample_major<Bf16>(a.v, b, s_kv, h_kv);
-  auto d_out = sample_major<Bf16>(a.d_out, b, s_q, h);
+  auto v = sample_major<Bf16>(a.v, b, s_kv, h_kv, a.v_stride_batch, a.v_stride_seq);
+  auto d_out = sample_major<Bf16>(a.d_out, b, s_q, h, a.d_out_stride_batch, a.d_out_stride_seq);
   const G::Shape4 q_shape{s_q, int32_t(kHeadDim), h, b};
   const G::Shape4 kv_shape{s_kv, int32_t(kHeadDim), h_kv, b};
 

@@ -22,9 +22,13 @@ struct BackwardParams {
   const float *row_values;
   // [h_kv, b, keys_pad] fp32: scale_inv of each (kv-head, sample, key) of K8; 0 past s_kv
   const float *k_scale;
-  void *dq;  // [b, s_q, h, d] bf16
-  void *dk;  // [b, s_kv, h_kv, d] bf16
-  void *dv;  // [b, s_kv, h_kv, d] bf16
+  void *dq;  // [b, s_q, h, d] bf16, strides dq_stride_* (heads d apart)
+  void *dk;  // [b, s_kv, h_kv, d] bf16, strides dkv_stride_* (heads d apart)
+  void *dv;  // [b, s_kv, h_kv, d] bf16, as dk
+  int64_t dq_stride_batch;
+  int64_t dq_stride_seq;
+  int64_t dkv_stride_batch;
+  int64_t dkv_stride_seq;
   int batch;
   int seqlen_q;
   int seqlen_kv;

@@ -129,6 +129,17 @@ typedef struct {
   int64_t head_dim;
   int32_t causal; /* 1: causal (top-left), 0: no mask */
   float softmax_scale;
+  /* Element strides of the batch and sequence dims of v, d_out, dq and of dk and dv (heads d
+     apart, d contiguous): 0 for the contiguous bshd layout's; sbhd views pass theirs.
+     Multiples of 8 (TMA). */
+  int64_t v_stride_batch;
+  int64_t v_stride_seq;
+  int64_t d_out_stride_batch;
+  int64_t d_out_stride_seq;
+  int64_t dq_stride_batch;
+  int64_t dq_stride_seq;
+  int64_t dkv_stride_batch;
+  int64_t dkv_stride_seq;
 } NVTEExactFP8AttentionSm90BwdArgs;
 
 /* The backward: dq, dk, dv (every element written; deterministic: fixed summation orders, no

@@ -4,11 +4,11 @@
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
 subset the CUDA forward runs (bshd or sbhd, bf16, d = 128, current scaling, causal or no mask,
-MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read and write bshd: an sbhd
-call gives them bshd copies of V and dO and returns the gradients copied to sbhd (contiguous).
-Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for bit,
-Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel and
-the dequantized bf16 copies of Q8 and K8 from its dequantize_rows_kernel; the two CUDA kernels
+MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read V and dO and write the
+gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
+copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
+bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
+and the dequantized bf16 copies of Q8 and K8 from its dequantize_rows_kernel; the two CUDA kernels
 (dK/dV, then dQ) read the FP8 operands for the scores and the dequantized copies for dK and dQ.
 Design: docs/backward.md, "The sm90 CUDA backward".
 """
@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import quantize
-from .attention import unsupported_reason
+from .attention import kernel_view, unsupported_reason
 
 __all__ = [
     "backward_of_supported",
@@ -79,8 +79,8 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     check_forward_outputs(q, out, d_out, lse, batch * s_q)
     if batch * s_q == 0 or s_kv == 0:  # nothing to see: every gradient is 0
         return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
-    # [b, s, h, d] (bshd) for the kernels
-    dq, dk, dv = (torch.empty(to_bshd(x).shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    # contiguous in the call's format; the kernels write their bshd views
+    dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     softmax_scale = kwargs.get("softmax_scale")
     if softmax_scale is None:
         softmax_scale = d**-0.5
@@ -105,16 +105,17 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     )
     rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
     keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
-    v, d_out = to_bshd(v).contiguous(), to_bshd(d_out).contiguous()
+    v, d_out = kernel_view(to_bshd(v)), kernel_view(to_bshd(d_out))
+    dq_b, dk_b, dv_b = (to_bshd(g) for g in (dq, dk, dv))
     quantize._launch(
         dq, quantize._ext.attention_sm90_bwd,
         q8.data_ptr(), q_dq.data_ptr(), k8.data_ptr(), k_dq.data_ptr(), keys.data_ptr(),
         v.data_ptr(), d_out.data_ptr(), rows.data_ptr(), dq.data_ptr(), dk.data_ptr(),
         dv.data_ptr(), batch, s_q, s_kv, heads, heads_kv, d,
         kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
+        v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1),
+        dq_b.stride(0), dq_b.stride(1), dk_b.stride(0), dk_b.stride(1),
     )  # fmt: skip
-    if qkv_format == "sbhd":
-        return tuple(to_bshd(g).contiguous() for g in (dq, dk, dv))
     return dq, dk, dv
 
 
