@@ -230,6 +230,21 @@ def test_last_backend_records_the_backend_that_ran(monkeypatch):
     assert kernels.last_backend() == "triton"
 
 
+def test_bshd_view_is_a_view_and_its_own_inverse():
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
+        bshd_view,
+    )
+
+    bshd = torch.arange(2 * 3 * 4 * 8.0).view(2, 3, 4, 8)
+    assert bshd_view(bshd, "bshd") is bshd
+    sbhd = bshd.transpose(0, 1).contiguous()
+    view = bshd_view(sbhd, "sbhd")
+    assert view.data_ptr() == sbhd.data_ptr() and torch.equal(view, bshd)
+    assert torch.equal(bshd_view(view, "sbhd"), sbhd)
+    with pytest.raises(ValueError, match="bshd or sbhd"):
+        bshd_view(bshd.flatten(0, 1), "thd")
+
+
 def test_cuda_kernel_view_keeps_bshd_and_sbhd_views_and_copies_the_rest():
     """cuda.attention.kernel_view: the CUDA kernel reads V and writes O through batch and
     sequence strides (heads d apart, d contiguous, strides multiples of 8 elements for TMA), so

@@ -27,7 +27,7 @@ import torch
 from .. import quantize
 from ..formats import KV_TILE, V_CHUNK_CURRENT, check_recipe
 from ..kernels import device_capability
-from ..masks import QKV_FORMATS, check_mask_type
+from ..masks import QKV_FORMATS, bshd_view, check_mask_type
 from ..vt_layout import dense_column_starts, dense_needs_alignment, dense_offsets
 
 __all__ = [
@@ -117,10 +117,8 @@ def forward_supported(
     causal = attn_mask_type == "causal"
     args = (causal, softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, q_fp8)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # in q's format
-    if qkv_format == "sbhd":  # the bshd views (module doc)
-        bshd = (x.transpose(0, 1) for x in (q, k, v, out))
-        return out, _forward_bshd(*bshd, *args)
-    return out, _forward_bshd(q, k, v, out, *args)
+    bshd = (bshd_view(x, qkv_format) for x in (q, k, v, out))  # the kernel's views (module doc)
+    return out, _forward_bshd(*bshd, *args)
 
 
 def _forward_bshd(q, k, v, out, causal, softmax_scale, use_power_2_scales, amax_epsilon,
@@ -379,8 +377,7 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
         raise _unsupported(f"window_size {tuple(window_size)}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"{qkv_format} needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
-    if qkv_format == "sbhd":  # the checks below read bshd
-        q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+    q, k, v = (bshd_view(x, qkv_format) for x in (q, k, v))  # the checks below read bshd
     bf16 = torch.bfloat16
     if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16:
         raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 only)")

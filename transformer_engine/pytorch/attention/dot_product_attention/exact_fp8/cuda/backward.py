@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import quantize
+from ..masks import bshd_view
 from .attention import kernel_view, unsupported_reason
 
 __all__ = [
@@ -73,9 +74,8 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     from ..triton.backward import check_forward_outputs, dequantized_rows, row_statistics
 
     qkv_format = kwargs.get("qkv_format", "bshd")
-    to_bshd = (lambda x: x.transpose(0, 1)) if qkv_format == "sbhd" else (lambda x: x)
-    batch, s_q, heads, d = to_bshd(q).shape
-    s_kv, heads_kv = to_bshd(k).shape[1], k.shape[2]
+    batch, s_q, heads, d = bshd_view(q, qkv_format).shape
+    s_kv, heads_kv = bshd_view(k, qkv_format).shape[1], k.shape[2]
     check_forward_outputs(q, out, d_out, lse, batch * s_q)
     if batch * s_q == 0 or s_kv == 0:  # nothing to see: every gradient is 0
         return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
@@ -105,8 +105,8 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     )
     rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
     keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
-    v, d_out = kernel_view(to_bshd(v)), kernel_view(to_bshd(d_out))
-    dq_b, dk_b, dv_b = (to_bshd(g) for g in (dq, dk, dv))
+    v, d_out = (kernel_view(bshd_view(x, qkv_format)) for x in (v, d_out))
+    dq_b, dk_b, dv_b = (bshd_view(g, qkv_format) for g in (dq, dk, dv))
     quantize._launch(
         dq, quantize._ext.attention_sm90_bwd,
         q8.data_ptr(), q_dq.data_ptr(), k8.data_ptr(), k_dq.data_ptr(), keys.data_ptr(),
