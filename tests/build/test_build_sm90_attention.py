@@ -84,7 +84,7 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
     obj, log = compiled_backward
     assert "warning" not in log.lower(), log[-4000:]
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
-    for name in ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"):
+    for name in ("attention_bwd_kernel", "attention_bwd_dq_store_kernel"):
         assert any(name in k for k in kernels), (name, log[-2000:])
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and all(s == ("0", "0") for s in spills), spills
@@ -92,6 +92,22 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
     assert re.search(r"\bT nvte_exact_fp8_attention_sm90_bwd\b", symbols)
     undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True).stdout
     assert "cudaGetDriverEntryPoint" not in undefined
+
+
+def test_backward_shared_memory_places_match_cute(tmp_path):
+    """The backward's hand-computed dS addresses and the warpgroups' dQ halves against cute's
+    layouts and fragments (backward_layout_check.cu, a host program: no GPU)."""
+    exe = tmp_path / "backward_layout_check"
+    source = cmake_build.REPO_ROOT / "tests" / "build" / "backward_layout_check.cu"
+    cmd = [str(env.find_nvcc()), "-std=c++17", f"-I{cmake_build.REPO_ROOT}"]
+    cmd += [
+        f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}",
+        f"-I{fetch.cutlass_include_dir()}",
+    ]
+    result = subprocess.run(cmd + [str(source), "-o", str(exe)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:]
 
 
 def test_cmake_builds_the_sources_and_flags_of_compile_only():

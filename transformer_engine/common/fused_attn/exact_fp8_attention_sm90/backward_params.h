@@ -1,6 +1,6 @@
 /*
- * Parameters of one sm90 mask-exact FP8 attention backward (both kernels), in one struct, and
- * the kernels' TMA descriptors. Shapes: see exact_fp8_attention_sm90.h
+ * Parameters of one sm90 mask-exact FP8 attention backward, in one struct, and the kernel's TMA
+ * descriptors. Shapes: see exact_fp8_attention_sm90.h
  * (NVTEExactFP8AttentionSm90BwdArgs).
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_BACKWARD_PARAMS_H_
@@ -29,6 +29,14 @@ struct BackwardParams {
   int64_t dq_stride_seq;
   int64_t dkv_stride_batch;
   int64_t dkv_stride_seq;
+  // [h, b, row_blocks, 2, 8, 128, 4] fp32: the dQ accumulator, dQ / softmax_scale of every
+  // (head, sample, 64-row block) in the consumer threads' fragment order (Note [Ordered dQ
+  // accumulation]); any contents on entry (the first contribution stores)
+  float *dq_accum;
+  // [h, b, row_blocks] int32: contributions added so far to each block's accumulator; 0 on
+  // entry
+  int *dq_count;
+  int row_blocks;  // ceil(s_q / kBwdStep)
   int batch;
   int seqlen_q;
   int seqlen_kv;
@@ -59,26 +67,16 @@ struct BackwardGmem {
   using TmaBf16Step = Tma<Bf16, BackwardTraits::SmemBf16Step>;
 };
 
-struct DkdvKernelParams {
+struct BackwardKernelParams {
   BackwardParams p;
   BackwardGmem::Shape4 q_shape;         // (s_q, d, h, b)
   BackwardGmem::Shape4 kv_shape;        // (s_kv, d, h_kv, b)
   BackwardGmem::TmaFp8Tile tma_k8;      // K8 [128 keys, 128 d]
   BackwardGmem::TmaBf16Tile tma_v;      // V [128 keys, 128 d]
+  BackwardGmem::TmaBf16Tile tma_k_dq;   // K_dq [128 keys, 128 d]
   BackwardGmem::TmaFp8Step tma_q8;      // Q8 [64 rows, 128 d]
   BackwardGmem::TmaBf16Step tma_q_dq;   // Q_dq [64 rows, 128 d]
   BackwardGmem::TmaBf16Step tma_d_out;  // dO [64 rows, 128 d]
-};
-
-struct DqKernelParams {
-  BackwardParams p;
-  BackwardGmem::Shape4 q_shape;         // (s_q, d, h, b)
-  BackwardGmem::Shape4 kv_shape;        // (s_kv, d, h_kv, b)
-  BackwardGmem::TmaFp8Tile tma_q8;      // Q8 [128 rows, 128 d]
-  BackwardGmem::TmaBf16Tile tma_d_out;  // dO [128 rows, 128 d]
-  BackwardGmem::TmaFp8Step tma_k8;      // K8 [64 keys, 128 d]
-  BackwardGmem::TmaBf16Step tma_v;      // V [64 keys, 128 d]
-  BackwardGmem::TmaBf16Step tma_k_dq;   // K_dq [64 keys, 128 d]
 };
 
 }  // namespace sm90

@@ -140,10 +140,15 @@ typedef struct {
   int64_t dq_stride_seq;
   int64_t dkv_stride_batch;
   int64_t dkv_stride_seq;
+  /* Scratch, any contents on entry; with row_blocks = ceil(seqlen_q / 64): */
+  float *dq_accum;   /* [heads, batch, row_blocks, 64 * 128] fp32: the dQ accumulator          */
+  int32_t *dq_count; /* [heads, batch, row_blocks] int32: its counters (zeroed by the call)    */
 } NVTEExactFP8AttentionSm90BwdArgs;
 
-/* The backward: dq, dk, dv (every element written; deterministic: fixed summation orders, no
- * atomics). Two kernels on `stream`: dK/dV, then dQ. Needs a device of compute capability 9.0. */
+/* The backward: dq, dk, dv (every element written; deterministic: every sum in an order fixed
+ * by the shape, the key tiles' dQ contributions ordered by counters). On `stream`: a zeroing of
+ * dq_count, the backward kernel (dK, dV, the dQ accumulator), the dQ store. Needs a device of
+ * compute capability 9.0. */
 NVTEExactFP8Status nvte_exact_fp8_attention_sm90_bwd(const NVTEExactFP8AttentionSm90BwdArgs *args,
                                                      cudaStream_t stream);
 

@@ -8,8 +8,10 @@ MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read V and d
 gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
 copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
 bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
-and the dequantized bf16 copies of Q8 and K8 from its dequantize_rows_kernel; the two CUDA kernels
-(dK/dV, then dQ) read the FP8 operands for the scores and the dequantized copies for dK and dQ.
+and the dequantized bf16 copies of Q8 and K8 from its dequantize_rows_kernel; the CUDA kernel
+reads the FP8 operands for the scores and the dequantized copies for dK and dQ, and adds dQ into
+an fp32 accumulator in a fixed order (Note [Ordered dQ accumulation], backward_dq_accum.h), which
+a second kernel stores as dq.
 Design: docs/backward.md, "The sm90 CUDA backward".
 """
 
@@ -30,6 +32,7 @@ __all__ = [
 
 _SYMBOL = "attention_sm90_bwd"
 _TILE = 128  # rows and keys of the kernels' tiles (the padding of row values and K scales)
+_ROW_BLOCK = 64  # query rows of a step: the dQ accumulator's blocks
 _LOG2E = 1.4426950408889634
 
 
@@ -106,6 +109,12 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     rows = _row_values(q_scale, lse2, delta, batch, s_q, softmax_scale)
     keys = _padded(k_scale.view(heads_kv, batch, s_kv), 0.0)
     v, d_out = (kernel_view(bshd_view(x, qkv_format)) for x in (v, d_out))
+    # the dQ accumulator and its counters, [h, b, row blocks, 64 * 128] fp32 and [h, b, row
+    # blocks] int32 (scratch: the call zeroes the counters)
+    row_blocks = -(-s_q // _ROW_BLOCK)
+    dq_accum = torch.empty(heads * batch * row_blocks * _ROW_BLOCK * d, dtype=torch.float32,
+                           device=q.device)  # fmt: skip
+    dq_count = torch.empty(heads * batch * row_blocks, dtype=torch.int32, device=q.device)
     dq_b, dk_b, dv_b = (bshd_view(g, qkv_format) for g in (dq, dk, dv))
     quantize._launch(
         dq, quantize._ext.attention_sm90_bwd,
@@ -115,6 +124,7 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
         kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
         v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1),
         dq_b.stride(0), dq_b.stride(1), dk_b.stride(0), dk_b.stride(1),
+        dq_accum.data_ptr(), dq_count.data_ptr(),
     )  # fmt: skip
     return dq, dk, dv
 
