@@ -1,10 +1,13 @@
 // Host program (no GPU): the sm90 backward's hand-computed shared-memory places against cute's
-// layouts and fragments. Prints "ok" and exits 0, or prints the first mismatches and exits 1.
+// layouts and fragments, and the order of the dQ contributions (Note [Ordered dQ accumulation])
+// over many shapes. Prints "ok" and exits 0, or prints the first mismatches and exits 1.
 // Run by tests/build/test_build_sm90_attention.py.
 #include <cstdint>
 #include <cstdio>
 
-#include "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/backward_traits.h"
+#include <vector>
+
+#include "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/backward_dq_accum.h"
 
 using namespace transformer_engine::exact_fp8::sm90;
 using T = BackwardTraits;
@@ -55,6 +58,44 @@ int main() {
     expect(size(c) == 32, "dQ values a thread", t, int(size(c)), 32);
     for (int v = 0; v < 32; ++v) {
       expect(get<1>(c(v)) / 64 == t / 128, "a warpgroup's d half", t, v, get<1>(c(v)));
+    }
+  }
+  // The dQ order: for every (head of the group, row block), the key tiles whose steps visit it
+  // expect the counts 0, 1, ..., k - 1, each once, in descending tile order; every row block
+  // has a contribution (the store that initializes its accumulator).
+  const int lengths[] = {1, 63, 64, 65, 127, 128, 129, 200, 300, 384, 1000, 1024, 4096};
+  for (int s_q : lengths) {
+    for (int s_kv : lengths) {
+      for (int causal = 0; causal < 2; ++causal) {
+        for (int group : {1, 3}) {
+          BackwardParams p{};
+          p.seqlen_q = s_q;
+          p.seqlen_kv = s_kv;
+          p.heads = group;
+          p.heads_kv = 1;
+          p.causal = causal;
+          p.row_blocks = (s_q + kBwdStep - 1) / kBwdStep;
+          const int tiles = (s_kv + kBwdTile - 1) / kBwdTile;
+          // expected[g][m]: the tiles' expected counts, in descending tile order
+          std::vector<std::vector<int>> seen(group * p.row_blocks);
+          for (int n = tiles - 1; n >= 0; --n) {
+            const BackwardSteps steps(p, n);
+            for (int step = 0; step < steps.count(); ++step) {
+              const int g = steps.head_in_group(step), m = steps.row_block(step);
+              expect(g >= 0 && g < group && m >= 0 && m < p.row_blocks, "step range", s_q, s_kv, n);
+              // a causal tile is visited only by row blocks that see its first key
+              expect(!causal || n * kBwdTile <= m * kBwdStep + kBwdStep - 1, "visit", s_q, s_kv, n);
+              seen[g * p.row_blocks + m].push_back(contributions_before(p, n, m));
+            }
+          }
+          for (size_t i = 0; i < seen.size(); ++i) {
+            expect(!seen[i].empty(), "a block without contributions", s_q, s_kv, int(i));
+            for (size_t c = 0; c < seen[i].size(); ++c) {
+              expect(seen[i][c] == int(c), "count order", s_q, s_kv, causal * 10 + group);
+            }
+          }
+        }
+      }
     }
   }
   if (bad == 0) std::printf("ok\n");

@@ -96,7 +96,8 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
 
 def test_backward_shared_memory_places_match_cute(tmp_path):
     """The backward's hand-computed dS addresses and the warpgroups' dQ halves against cute's
-    layouts and fragments (backward_layout_check.cu, a host program: no GPU)."""
+    layouts and fragments, and the dQ contributions' order over many shapes (the kernel's own
+    step walk and counts: backward_layout_check.cu, a host program, no GPU)."""
     exe = tmp_path / "backward_layout_check"
     source = cmake_build.REPO_ROOT / "tests" / "build" / "backward_layout_check.cu"
     cmd = [str(env.find_nvcc()), "-std=c++17", f"-I{cmake_build.REPO_ROOT}"]

@@ -59,23 +59,24 @@ struct BackwardSteps {
   int num_m;
   int group;
 
-  CUTLASS_DEVICE BackwardSteps(BackwardParams const &p, int key_tile) {
+  CUTE_HOST_DEVICE BackwardSteps(BackwardParams const &p, int key_tile) {
     // causal: rows i >= the tile's first key see it; the tile's first key is a multiple of
     // kBwdStep
     m_begin = p.causal ? key_tile * kBwdTile / kBwdStep : 0;
-    num_m = max(p.row_blocks - m_begin, 0);
+    num_m = p.row_blocks > m_begin ? p.row_blocks - m_begin : 0;
     group = p.heads / p.heads_kv;
   }
-  CUTLASS_DEVICE int count() const { return group * num_m; }
-  CUTLASS_DEVICE int head_in_group(int step) const { return step / num_m; }
-  CUTLASS_DEVICE int row_block(int step) const { return m_begin + step % num_m; }
+  CUTE_HOST_DEVICE int count() const { return group * num_m; }
+  CUTE_HOST_DEVICE int head_in_group(int step) const { return step / num_m; }
+  CUTE_HOST_DEVICE int row_block(int step) const { return m_begin + step % num_m; }
 };
 
 // Contributions to row block m that come before key tile n's (Note [Ordered dQ accumulation]):
 // the tiles above n that see the block.
-CUTLASS_DEVICE int contributions_before(BackwardParams const &p, int key_tile, int m) {
+CUTE_HOST_DEVICE int contributions_before(BackwardParams const &p, int key_tile, int m) {
   const int num_key_tiles = (p.seqlen_kv + kBwdTile - 1) / kBwdTile;
-  const int tiles = p.causal ? min(num_key_tiles, m * kBwdStep / kBwdTile + 1) : num_key_tiles;
+  const int seen_by_m = m * kBwdStep / kBwdTile + 1;  // causal: tiles 0 .. m * 64 / 128
+  const int tiles = p.causal && seen_by_m < num_key_tiles ? seen_by_m : num_key_tiles;
   return tiles - 1 - key_tile;
 }
 
