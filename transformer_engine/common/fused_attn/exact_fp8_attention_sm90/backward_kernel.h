@@ -25,6 +25,8 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <climits>
+
 #include <cute/tensor.hpp>
 
 #include "backward_common.h"
@@ -104,10 +106,10 @@ CUTLASS_DEVICE void store_ds(FragOp const &tdKrdS, uint32_t ds_base, BackwardTra
 // once dS^T is done, so that no bf16 operand is live beside the two fp32 tiles (the registers
 // of the consumers' 240 hold dV, dK, S^T and dP^T, 192 a thread, at that point).
 template <bool kMasked, class Frag, class FragOp, class Coord>
-CUTLASS_DEVICE void score_gradients(BackwardParams const &p, BackwardTraits::SharedStorage &ss,
-                                    int stage, int r0, float const (&key_scale)[2],
-                                    int const (&key)[2], int mma_thread, Frag &tSrS, Frag &tdPrdP,
-                                    FragOp &tdVrP, FragOp &tdKrdS, Coord const &tScS) {
+CUTLASS_DEVICE void score_gradients(BackwardTraits::SharedStorage &ss, int stage, int r0,
+                                    float const (&key_scale)[2], int const (&first_row)[2],
+                                    int mma_thread, Frag &tSrS, Frag &tdPrdP, FragOp &tdVrP,
+                                    FragOp &tdKrdS, Coord const &tScS) {
   using T = BackwardTraits;
   typename T::MmaScores mma_s;
   typename T::MmaDp mma_dp;
@@ -120,10 +122,9 @@ CUTLASS_DEVICE void score_gradients(BackwardParams const &p, BackwardTraits::Sha
   Tensor tdPrdO =
       thr_dp.partition_fragment_B(make_tensor(make_smem_ptr(ss.d_out[stage]), T::SmemBf16Step{}));
 
-  // (key, row) of the tile may enter the gradients: the causal mask and the real keys.
-  auto visible = [&](int h, int row) {
-    return key[h] < p.seqlen_kv && (!p.causal || key[h] <= row);
-  };
+  // (key h, row) may enter the gradients: one compare (first_row: the causal mask and the real
+  // keys, see BackwardConsumer::run).
+  auto visible = [&](int h, int row) { return row >= first_row[h]; };
   issue_gemm<true, false>(mma_s, tSrK, tSrQ, tSrS);
   issue_gemm<true, false>(mma_dp, tdPrV, tdPrdO, tdPrdP);
   float const *row_scale = ss.rows[stage][0];
@@ -203,15 +204,18 @@ struct BackwardConsumer {
     clear(tdVrdV);
     clear(tdKrdK);
 
-    // The thread's two keys (accumulator rows lane / 4 + 8 h of its warp) and their K scales.
-    int key[2];
+    // The thread's two keys (accumulator rows lane / 4 + 8 h of its warp), their K scales and
+    // the first row that may see each: the key itself (causal), row 0 (no mask), none (a key
+    // past s_kv).
+    int first_row[2];
     float key_scale[2];
     const float *k_scale =
         p.k_scale + (static_cast<int64_t>(kv_head) * p.batch + batch) * p.keys_pad;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      key[h] = n0 + get<0>(tScS(2 * h));
-      key_scale[h] = k_scale[key[h]];  // 0 past s_kv (keys_pad covers the tile)
+      const int key = n0 + get<0>(tScS(2 * h));
+      key_scale[h] = k_scale[key];  // 0 past s_kv (keys_pad covers the tile)
+      first_row[h] = key >= p.seqlen_kv ? INT_MAX : (p.causal ? key : INT_MIN);
     }
     // this thread's float4 slots of the warpgroup's dQ_n (Note [Ordered dQ accumulation])
     float4 *dq_slots = reinterpret_cast<float4 *>(ss.dq[wg]) + mma_thread % 128;
@@ -228,10 +232,10 @@ struct BackwardConsumer {
       auto thr_g = mma_g.get_thread_slice(mma_thread);
       if (seen) {
         if (masked) {
-          score_gradients<true>(p, ss, stage, r0, key_scale, key, mma_thread, tSrS, tdPrdP, tdVrP,
-                                tdKrdS, tScS);
+          score_gradients<true>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
+                                tdVrP, tdKrdS, tScS);
         } else {
-          score_gradients<false>(p, ss, stage, r0, key_scale, key, mma_thread, tSrS, tdPrdP,
+          score_gradients<false>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
                                  tdVrP, tdKrdS, tScS);
         }
         Tensor tdVrdOt = thr_g.partition_fragment_B(
