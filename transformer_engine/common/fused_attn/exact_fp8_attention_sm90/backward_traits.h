@@ -149,6 +149,8 @@ struct BackwardTraits {
     alignas(8) uint64_t bar_full[kBwdStages];   // the step's Q8, Q_dq, dO and rows arrived
     alignas(8) uint64_t bar_empty[kBwdStages];  // every consumer thread is done with the stage
   };
+  // + 1024 bytes to align the dynamic shared memory (the launch): 226 of the SM's 227 KiB
+  static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory of one CTA");
 };
 
 }  // namespace sm90
