@@ -28,9 +28,13 @@ int main() {
                reinterpret_cast<char *>(base));
   };
   typename T::MmaScores mma_s;
+  typename T::MmaDp mma_dp;  // dS^T's accumulator: the same fragment as S^T's
   for (int t = 0; t < kBwdMmaThreads; ++t) {
     Tensor c = mma_s.get_thread_slice(t).partition_C(
         make_identity_tensor(Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
+    Tensor c_dp = mma_dp.get_thread_slice(t).partition_C(
+        make_identity_tensor(Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
+    for (int v = 0; v < 32; ++v) expect(c(v) == c_dp(v), "S^T and dP^T fragments", t, v, 0);
     expect(size(c) == 32, "S^T values a thread", t, int(size(c)), 32);
     const uint32_t word_base = T::ds_word_base(t);
     for (int v = 0; v < 32; v += 2) {
