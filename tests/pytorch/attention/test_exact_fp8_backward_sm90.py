@@ -44,13 +44,18 @@ def _skip_reason():
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
 MASKS = ("causal", "no_mask")
-# (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, s_q != s_kv, MHA, GQA and MQA.
+# (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, s_q != s_kv, MHA, GQA and MQA; one
+# row block added to by many key tiles (the longest chain of Note [Ordered dQ accumulation]), a
+# group of 8 with a key tile whose second warpgroup holds no real key, an odd batch.
 SHAPES = [
     (2, 128, 128, 4, 4),
     (2, 300, 300, 4, 2),
     (1, 1024, 1024, 4, 1),
     (2, 77, 200, 4, 4),
     (2, 384, 130, 4, 2),
+    (1, 64, 1000, 2, 2),
+    (1, 193, 129, 8, 1),
+    (3, 640, 640, 2, 2),
 ]
 
 REF_RTOL = 1.6e-2
