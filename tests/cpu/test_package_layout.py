@@ -203,7 +203,13 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
         "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
         "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="thd"),
         "mask": attention.unsupported_reason(q, q, q, recipe="current", attn_mask_type="padding"),
-        "dtype": attention.unsupported_reason(*(q.half(),) * 3, recipe="current"),
+        "dtype": attention.unsupported_reason(q.float(), q.float(), q.float(), recipe="current"),
+        "mixed": attention.unsupported_reason(q, q.half(), q, recipe="current"),
+        "leaky fp16": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.half),) * 3,
+            recipe="current",
+            fp8_v_everywhere=True,
+        ),
     }
     assert "recipe 'mxfp8'" in reasons["recipe"]
     assert "qkv_format 'thd'" in reasons["format"]
@@ -211,7 +217,12 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     sbhd = attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd")
     assert "qkv_format" not in sbhd and "sm90 GPU" in sbhd
     assert "attn_mask_type 'padding'" in reasons["mask"]
-    assert "bf16 only" in reasons["dtype"]
+    assert "bf16 or fp16, all three alike" in reasons["dtype"]
+    assert "bf16 or fp16, all three alike" in reasons["mixed"]
+    assert "leaky variant" in reasons["leaky fp16"] and "bf16 only" in reasons["leaky fp16"]
+    # fp16 is the kernel's: these CPU tensors fail a later check, not the dtype's
+    fp16 = attention.unsupported_reason(*(q.half(),) * 3, recipe="current")
+    assert "dtype" not in fp16 and "sm90 GPU" in fp16
     kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
     assert "argument(s) kv_fp8" in kv
     cu = torch.tensor([0, 4], dtype=torch.int32)

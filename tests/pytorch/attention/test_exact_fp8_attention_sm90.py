@@ -49,15 +49,15 @@ SHAPES = [
 BF16_MAX = 3.3895313892515355e38
 
 
-def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True):
-    """N(0, 1) in bf16, with x50 outliers (1%) when `outliers`; on the GPU."""
+def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True, dtype=torch.bfloat16):
+    """N(0, 1) in `dtype`, with x50 outliers (1%) when `outliers`; on the GPU."""
     gen = torch.Generator().manual_seed(seed)
 
     def make(shape):
         x = torch.randn(*shape, generator=gen)
         if outliers:
             x = torch.where(torch.rand(*shape, generator=gen) < 0.01, 50 * x, x)
-        return x.bfloat16().cuda()
+        return x.to(dtype).cuda()
 
     return make((b, s_q, h, 128)), make((b, s_kv, h_kv, 128)), make((b, s_kv, h_kv, 128))
 
@@ -85,7 +85,8 @@ def test_backend_is_available_and_chosen_for_what_it_runs(monkeypatch):
     # what the kernel does not run goes to the Triton kernel, never elsewhere
     kw = dict(recipe="current", attn_mask_type="padding_causal")
     assert kernels.choose_backend(q, k, v, **kw) == "triton"
-    assert kernels.choose_backend(q.half(), k.half(), v.half(), recipe="current") == "triton"
+    assert kernels.choose_backend(q.float(), k.float(), v.float(), recipe="current") == "triton"
+    assert kernels.choose_backend(q.half(), k.half(), v.half(), recipe="current") == "cuda"
     monkeypatch.setenv(kernels.BACKEND_ENV, "triton")
     assert kernels.choose_backend(q, k, v, recipe="current", attn_mask_type="causal") == "triton"
 
@@ -388,6 +389,65 @@ def test_sbhd_causal_future_changes_no_prefix_bit(t):
     assert torch.equal(rows(lse2), rows(lse))
 
 
+# -------------------------------------------------------------------- fp16
+
+FP16_MAX = 65504.0
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", [(2, 300, 300, 4, 2), (2, 77, 200, 4, 4), (1, 1024, 1024, 2, 1)])
+def test_fp16_accuracy_and_agreement_with_the_triton_kernel(mask, shape):
+    """fp16 inputs: V of the boundary tiles, their P and O in fp16 (the Triton kernel's fp16
+    path). The bf16 tests' bounds: against fp64 <= 1.5x the rules' own error + 2^-8, against the
+    Triton kernel <= half the rules' error + 2^-8, LSEs within 2^-10; O is fp16."""
+    q, k, v = _inputs(41, *shape, outliers=False, dtype=torch.float16)
+    out, lse = _cuda(q, k, v, mask)
+    assert out.dtype == torch.float16 and out.shape == q.shape
+    out_t, lse_t = _triton(q, k, v, mask)
+    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
+    kw = dict(qkv_format="bshd", attn_mask_type=mask)
+    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
+    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    err = rel_frobenius_error(out.cpu(), truth.out)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    diff = rel_frobenius_error(out.cpu(), out_t.cpu())
+    assert diff <= 0.5 * ref_err + 2.0**-8, f"CUDA vs Triton {diff:.3e} (rules' {ref_err:.3e})"
+    finite = torch.isfinite(lse_t)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
+
+
+@pytest.mark.parametrize("t", [0, 127, 300, 511])
+@pytest.mark.parametrize("which", ["q", "k", "v", "qkv"])
+@pytest.mark.parametrize("value", [6e4, -FP16_MAX, FP16_MAX])
+def test_fp16_causal_future_changes_no_prefix_bit(t, which, value):
+    """test_causal_future_changes_no_prefix_bit in fp16, up to fp16's largest finite value."""
+    q, k, v = _inputs(42, 2, 640, 640, 4, 2, dtype=torch.float16)
+    base_out, base_lse = _cuda(q, k, v, "causal")
+    q2, k2, v2 = (_future(x, t, value) if name in which else x for name, x in zip("qkv", (q, k, v)))
+    out, lse = _cuda(q2, k2, v2, "causal")
+    assert torch.equal(out[:, : t + 1], base_out[:, : t + 1])
+    lse_rows = torch.arange(640, device=q.device).repeat(2) <= t  # [b * s] token-major
+    assert torch.equal(lse[:, lse_rows], base_lse[:, lse_rows])
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_fp16_sbhd_equals_bshd_and_takes_the_triton_backward(mask):
+    """An fp16 sbhd call runs the CUDA forward (bit for bit the bshd call's) and the Triton
+    backward (the CUDA backward is bf16 only), whose gradients are finite."""
+    q, k, v = _inputs(43, 2, 300, 300, 4, 2, dtype=torch.float16)
+    out, lse = _cuda(q, k, v, mask)
+    qs, ks, vs = _sbhd(q, k, v)
+    kw = dict(recipe="current", qkv_format="sbhd", attn_mask_type=mask)
+    assert kernels.choose_backend(qs, ks, vs, **kw) == "cuda"
+    out_s, lse_s = kernels.attention_forward(qs, ks, vs, backend="cuda", **kw)
+    assert torch.equal(out_s.transpose(0, 1), out) and torch.equal(lse_s, lse)
+    assert kernels.choose_backward_backend(qs, ks, vs, **kw) == "triton"
+    grads = kernels.attention_backward(qs, ks, vs, out_s, torch.ones_like(out_s), lse_s, **kw)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 # -------------------------------------------------------------------- what is not supported
 
 
@@ -411,8 +471,12 @@ def test_unsupported_calls_raise(change, match):
 
 def test_unsupported_dtype_and_head_dim_raise():
     q, k, v = _inputs(9, 1, 128, 128, 2, 2)
-    with pytest.raises(ValueError, match="bf16 only"):
-        _cuda(q.half(), k.half(), v.half(), "causal")
+    with pytest.raises(ValueError, match="bf16 or fp16, all three alike"):
+        _cuda(q.float(), k.float(), v.float(), "causal")
+    with pytest.raises(ValueError, match="bf16 or fp16, all three alike"):
+        _cuda(q, k.half(), v, "causal")
+    with pytest.raises(ValueError, match="leaky variant"):
+        _cuda(q.half(), k.half(), v.half(), "causal", fp8_v_everywhere=True)
     with pytest.raises(ValueError, match="head dim 64"):
         _cuda(q[..., :64], k[..., :64], v[..., :64], "causal")
 

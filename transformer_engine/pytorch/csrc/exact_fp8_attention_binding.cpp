@@ -29,7 +29,7 @@ NVTEExactFP8AttentionSm90Args attention_args(
     uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
     int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
     float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-    int64_t out_stride_batch, int64_t out_stride_seq) {
+    int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype) {
   NVTEExactFP8AttentionSm90Args a{};
   a.q8 = reinterpret_cast<const void *>(q8);
   a.q_scale = reinterpret_cast<const float *>(q_scale);
@@ -57,6 +57,7 @@ NVTEExactFP8AttentionSm90Args attention_args(
   a.v_stride_seq = v_stride_seq;
   a.out_stride_batch = out_stride_batch;
   a.out_stride_seq = out_stride_seq;
+  a.dtype = static_cast<int32_t>(dtype);
   return a;
 }
 
@@ -77,12 +78,12 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
          int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
          float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-         int64_t out_stride_batch, int64_t out_stride_seq, uintptr_t stream) {
+         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
         const NVTEExactFP8AttentionSm90Args a = attention_args(
             q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v, out, lse, batch,
             seqlen_q, seqlen_kv, heads, heads_kv, head_dim, vt_width, num_chunks, causal,
             softmax_scale, fp8_v_everywhere, v_stride_batch, v_stride_seq, out_stride_batch,
-            out_stride_seq);
+            out_stride_seq, dtype);
         check(nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       py::arg("q8"), py::arg("q_scale"), py::arg("k8"), py::arg("k_scale"), py::arg("v8t"),
@@ -91,11 +92,11 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("heads"), py::arg("heads_kv"), py::arg("head_dim"), py::arg("vt_width"),
       py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"),
       py::arg("fp8_v_everywhere"), py::arg("v_stride_batch"), py::arg("v_stride_seq"),
-      py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("stream"),
-      "Mask-exact FP8 attention forward on sm_90a (bshd views, d = 128, bf16, current scaling): "
-      "out [b, s_q, h, d] bf16 (element strides of its batch and sequence dims, 0: contiguous), "
-      "lse [h, b * s_q] fp32; v likewise; fp8_v_everywhere: the LEAKY benchmark and "
-      "negative-control mode. See exact_fp8_attention_sm90.h.");
+      py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("dtype"), py::arg("stream"),
+      "Mask-exact FP8 attention forward on sm_90a (bshd views, d = 128, bf16 or fp16: dtype "
+      "0 or 1, current scaling): out [b, s_q, h, d] in that dtype (element strides of its batch "
+      "and sequence dims, 0: contiguous), lse [h, b * s_q] fp32; v likewise; fp8_v_everywhere: "
+      "the LEAKY benchmark and negative-control mode (bf16). See exact_fp8_attention_sm90.h.");
   m.def(
       "attention_sm90_fwd_quantizing",
       [](uintptr_t q, int64_t q_stride_batch, int64_t q_stride_seq, int64_t q_stride_head,
@@ -106,25 +107,26 @@ void register_exact_fp8_attention(py::module_ &m) {
          int64_t seqlen_q, int64_t seqlen_kv, int64_t heads, int64_t heads_kv, int64_t head_dim,
          int64_t vt_width, int64_t num_chunks, bool causal, float softmax_scale,
          bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-         int64_t out_stride_batch, int64_t out_stride_seq, uintptr_t stream) {
+         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
         NVTEExactFP8AttentionSm90QuantizingArgs a{};
         using exact_fp8_binding::token_view;
-        a.q = token_view(q, NVTE_EXACT_FP8_BFLOAT16, batch, seqlen_q, heads, head_dim,
-                         q_stride_batch, q_stride_seq, q_stride_head);
-        a.k = token_view(k, NVTE_EXACT_FP8_BFLOAT16, batch, seqlen_kv, heads_kv, head_dim,
-                         k_stride_batch, k_stride_seq, k_stride_head);
+        const auto type = static_cast<NVTEExactFP8DType>(dtype);
+        a.q = token_view(q, type, batch, seqlen_q, heads, head_dim, q_stride_batch, q_stride_seq,
+                         q_stride_head);
+        a.k = token_view(k, type, batch, seqlen_kv, heads_kv, head_dim, k_stride_batch,
+                         k_stride_seq, k_stride_head);
         a.use_power_2_scales = use_power_2_scales ? 1 : 0;
         a.amax_epsilon = amax_epsilon;
         a.attention = attention_args(q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v,
                                      out, lse, batch, seqlen_q, seqlen_kv, heads, heads_kv,
                                      head_dim, vt_width, num_chunks, causal, softmax_scale,
                                      fp8_v_everywhere, v_stride_batch, v_stride_seq,
-                                     out_stride_batch, out_stride_seq);
+                                     out_stride_batch, out_stride_seq, dtype);
         check(nvte_exact_fp8_attention_sm90_fwd_quantizing(
             &a, reinterpret_cast<cudaStream_t>(stream)));
       },
-      "The forward from bf16 q (bshd view: element strides) and k (same) and v (batch and "
-      "sequence strides, 0: contiguous): "
+      "The forward from bf16 or fp16 (dtype 0 or 1) q (bshd view: element strides) and k "
+      "(same) and v (batch and sequence strides, 0: contiguous): "
       "the Q, K and V casts into the given buffers, then attention_sm90_fwd, in one call "
       "(positional arguments only: the host time of small calls). See "
       "nvte_exact_fp8_attention_sm90_fwd_quantizing in exact_fp8_attention_sm90.h.");

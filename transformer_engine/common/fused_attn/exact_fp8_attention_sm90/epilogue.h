@@ -1,5 +1,6 @@
 /*
- * Epilogue of the sm90 mask-exact FP8 attention forward: O = (acc / l) * u in bf16 and the LSE,
+ * Epilogue of the sm90 mask-exact FP8 attention forward: O = (acc / l) * u in the input dtype
+ * (bf16 or fp16) and the LSE,
  * as the Triton kernel writes them (Note [V scale in the rescale]: acc is kept in units of u, the
  * V scale of the last tile; l includes P_SCALE). Rows past s_q are not written; rows that see no
  * key get O = 0 and LSE = -inf.
@@ -8,6 +9,9 @@
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -19,8 +23,21 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
 
-// tOrO: the thread's 64 x 128 fp32 accumulator; tOcO: its (row, d) coordinates in the tile.
-template <class FragO, class CoordO>
+// Two output values of one row as a 32-bit word of the output dtype (round to nearest).
+template <class Element>
+CUTLASS_DEVICE uint32_t output_pair(float a, float b) {
+  if constexpr (std::is_same_v<Element, KernelTraits::Fp16>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
+  }
+}
+
+// tOrO: the thread's 64 x 128 fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
+// Element: the output dtype.
+template <class Element, class FragO, class CoordO>
 CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &softmax, float u,
                                  FragO const &tOrO, CoordO const &tOcO, int batch, int head,
                                  int q0) {
@@ -40,7 +57,7 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &
       p.lse[head * t_q + static_cast<int64_t>(batch) * p.seqlen_q + row[h]] = lse;
     }
   }
-  __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
+  uint16_t *out = static_cast<uint16_t *>(p.out);  // [b, s_q, h, d] 16-bit words
 #pragma unroll
   for (int v = 0; v < 64; v += 2) {
     const int h = (v >> 1) & 1;
@@ -52,7 +69,7 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &
     }
     const int64_t at = batch * p.out_stride_batch + row[h] * p.out_stride_seq +
                        static_cast<int64_t>(head) * kHeadDim + get<1>(tOcO(v));
-    *reinterpret_cast<__nv_bfloat162 *>(out + at) = __floats2bfloat162_rn(o0, o1);
+    *reinterpret_cast<uint32_t *>(out + at) = output_pair<Element>(o0, o1);
   }
 }
 

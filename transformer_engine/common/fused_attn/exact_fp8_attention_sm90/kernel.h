@@ -14,7 +14,8 @@
  *       with the per-key K scale and the per-row Q scale, the element-wise mask on boundary
  *       tiles -> online softmax (softmax.h) -> factor(v) = alpha(v) * (u / s(v)), u <- s(v)
  *       (Note [V scale in the rescale]) -> P(v) into the A operand of its P.V (E4M3 for an FP8
- *       tile, bf16 for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh accumulator
+ *       tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh
+ *       accumulator
  *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
  *     warpgroup's softmax fills the tensor cores' gaps.
  * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
@@ -48,7 +49,7 @@ CUTLASS_DEVICE void release(uint64_t *bar) { cutlass::arch::ClusterBarrier::arri
 // LEAKY mode (boundary tiles keep their element-wise mask but use P in E4M3 and V8^T with its
 // chunk scale, which the hidden keys of the tile enter): a lower bound of the time for the
 // exactness-cost benchmark and the negative control of the exactness tests; never a product path.
-template <bool kFp8VEverywhere>
+template <bool kFp8VEverywhere, class Element>
 struct Consumer {
   using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -60,7 +61,7 @@ struct Consumer {
   CUTLASS_DEVICE void run(KVTileRange const &range) {
     typename Traits::MmaQK mma_qk;
     typename Traits::MmaPV8 mma_pv8;
-    typename Traits::MmaPV16 mma_pv16;
+    typename Traits::template MmaPV16<Element> mma_pv16;
     auto thr_qk = mma_qk.get_thread_slice(mma_thread);
     auto thr_pv = mma_pv8.get_thread_slice(mma_thread);
 
@@ -72,9 +73,9 @@ struct Consumer {
     // P.V product T lands in tSrS, the registers of its scores.
     Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
     Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
-    // P's A operand: bf16 for a boundary tile, E4M3 (the first half of the registers) for an
-    // FP8 tile.
-    Tensor tOrP16 = make_tensor<typename Traits::Bf16>(
+    // P's A operand: the input dtype (bf16 or fp16) for a boundary tile, E4M3 (the first half
+    // of the registers) for an FP8 tile.
+    Tensor tOrP16 = make_tensor<Element>(
         partition_shape_A(mma_pv16, Shape<Int<kQTile>, Int<kKVTile>>{}));
     Tensor tOrP8 = make_tensor(
         make_rmem_ptr(reinterpret_cast<typename Traits::Fp8 *>(raw_pointer_cast(tOrP16.data()))),
@@ -112,15 +113,15 @@ struct Consumer {
       factor[1] = alpha[1] * ratio;
     };
     // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tSrS, free now (an
-    // E4M3 P and V8^T for an FP8 tile, bf16 P and V for a boundary tile).
+    // E4M3 P and V8^T for an FP8 tile, P and V in the input dtype for a boundary tile).
     auto issue_pv = [&](int visit, auto boundary) {
       const int stage = visit % kStages;
       Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
       if constexpr (decltype(boundary)::value && !kFp8VEverywhere) {
-        p_to_bf16_operand(tSrS, tOrP16);
-        issue_pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
-            mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tSrS,
-            mma_thread);
+        p_to_16bit_operand(tSrS, tOrP16);
+        issue_pv_gemm<typename Traits::template MmaPV16<Element>,
+                      typename Traits::SmemLayoutV16>(
+            mma_pv16, reinterpret_cast<Element *>(ss.v[stage]), tOrP16, tSrS, mma_thread);
       } else {
         p_to_fp8_operand(tSrS, tOrP8);
         issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
@@ -154,7 +155,7 @@ struct Consumer {
     };
 
     if (range.num_tiles == 0) {
-      store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+      store_output<Element>(p, softmax, u, tOrO, tOcO, batch, head, q0);
       return;
     }
     Barrier::wait(&ss.bar_q, 0);
@@ -166,11 +167,12 @@ struct Consumer {
       visit_step(visit, cute::false_type{});
     }
     add_pv(range.num_tiles - 1);
-    store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+    store_output<Element>(p, softmax, u, tOrO, tOcO, batch, head, q0);
   }
 };
 
-template <bool kFp8VEverywhere>
+// Element: the dtype of V (boundary tiles) and O, bf16 or fp16 (KernelTraits::Bf16, ::Fp16).
+template <bool kFp8VEverywhere, class Element>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams const kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -211,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<kFp8VEverywhere> consumer{p, ss, static_cast<int>(threadIdx.x) - 128, batch, head,
-                                       kv_head, q_tile * kQTile};
+    Consumer<kFp8VEverywhere, Element> consumer{p, ss, static_cast<int>(threadIdx.x) - 128,
+                                                batch, head, kv_head, q_tile * kQTile};
     consumer.run(range);
   }
 #endif

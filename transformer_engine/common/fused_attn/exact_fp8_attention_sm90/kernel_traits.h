@@ -23,6 +23,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/bfloat16.h>
 #include <cutlass/float8.h>
+#include <cutlass/half.h>
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -52,6 +53,7 @@ constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 struct KernelTraits {
   using Fp8 = cutlass::float_e4m3_t;
   using Bf16 = cutlass::bfloat16_t;
+  using Fp16 = cutlass::half_t;
 
   using TileQK = Shape<Int<kQTile>, Int<kKVTile>, Int<kHeadDim>>;  // (M rows, N keys, K d)
   using TilePV = Shape<Int<kQTile>, Int<kHeadDim>, Int<kKVTile>>;  // (M rows, N d, K keys)
@@ -65,9 +67,11 @@ struct KernelTraits {
   using MmaPV8 = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Fp8, Fp8, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>>(),
       WarpgroupsM{}));
-  // O += P . V in bf16: P from registers, V MN-major (d contiguous) in shared memory.
+  // O += P . V in the input dtype (Element: bf16 or fp16) of a boundary tile: P from registers,
+  // V MN-major (d contiguous) in shared memory.
+  template <class Element>
   using MmaPV16 = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>,
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsM{}));
 

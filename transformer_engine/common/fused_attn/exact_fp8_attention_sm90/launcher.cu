@@ -34,6 +34,12 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
   if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
   if (a.fp8_v_everywhere != 0 && a.fp8_v_everywhere != 1) return "fp8_v_everywhere must be 0 or 1";
+  if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
+    return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
+  }
+  if (a.fp8_v_everywhere && a.dtype != NVTE_EXACT_FP8_BFLOAT16) {
+    return "fp8_v_everywhere (the leaky variant) is built for bf16 only";
+  }
   // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
   // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles only.
   if (a.fp8_v_everywhere && a.seqlen_kv % kKVTile != 0) {
@@ -73,14 +79,14 @@ int64_t v_stride_seq(const NVTEExactFP8AttentionSm90Args &a) {
 
 /* The token view of V [batch, seqlen_kv, heads_kv, d] of `a`. */
 NVTEExactFP8TokenView v_view(const NVTEExactFP8AttentionSm90Args &a) {
-  return NVTEExactFP8TokenView{a.v,          NVTE_EXACT_FP8_BFLOAT16, a.batch,
+  return NVTEExactFP8TokenView{a.v,          static_cast<NVTEExactFP8DType>(a.dtype), a.batch,
                                a.seqlen_kv,  a.heads_kv,              a.head_dim,
                                v_stride_batch(a), v_stride_seq(a),    a.head_dim};
 }
 
-std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int64_t batch,
-                       int64_t seqlen, int64_t heads, int64_t head_dim) {
-  if (x.dtype != NVTE_EXACT_FP8_BFLOAT16) return std::string(name) + " must be bf16";
+std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int32_t dtype,
+                       int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (x.dtype != dtype) return std::string(name) + "'s dtype must be the attention's dtype";
   if (x.batch != batch || x.seqlen != seqlen || x.heads != heads || x.head_dim != head_dim) {
     return std::string(name) + "'s view does not match the attention's shape";
   }
@@ -142,7 +148,8 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
                          G::ShapeRows{kHeadDim, width, h_kv},
                          G::StrideVt{int64_t(width), _1{}, d * width});
-  // V [b, s_kv, h_kv, d] bf16 (its strides) as (d, s_kv, h_kv, b)
+  // V [b, s_kv, h_kv, d] bf16 or fp16 (its strides) as (d, s_kv, h_kv, b): the tensor map
+  // moves 16-bit words as they are (GmemLayouts::TmaV16), so one serves both dtypes
   const int64_t v_sb = a.v_stride_batch ? a.v_stride_batch : int64_t(s_kv_desc) * h_kv * d;
   auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
                         G::ShapeV{kHeadDim, s_kv_desc, h_kv, b},
@@ -153,11 +160,17 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, KernelTraits::SmemLayoutV16{});
 
   const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
-  // The mask-exact kernel, or the leaky benchmark / negative-control variant (kernel.h).
+  // The mask-exact kernel for the input dtype, or the leaky benchmark / negative-control variant
+  // (kernel.h; bf16 only, check()).
+  using Fp16 = KernelTraits::Fp16;
   const bool leaky = a.fp8_v_everywhere != 0;
-  auto kernel = leaky ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
-  cudaError_t err = leaky ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
-                          : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
+  const bool fp16 = a.dtype == NVTE_EXACT_FP8_FLOAT16;
+  auto kernel = leaky  ? attention_fwd_kernel<true, Bf16>
+                : fp16 ? attention_fwd_kernel<false, Fp16>
+                       : attention_fwd_kernel<false, Bf16>;
+  cudaError_t err = leaky  ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
+                    : fp16 ? allow_dynamic_smem<SmemSlot::kForwardFp16>(kernel, smem)
+                           : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid(b * h, p.num_q_tiles);
   kernel<<<grid, kThreads, smem, stream>>>(kp);
@@ -194,10 +207,11 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
   const NVTEExactFP8AttentionSm90Args &a = args->attention;
   std::string problem = s::check(a);
   if (problem.empty()) {
-    problem = s::check_view(args->q, "q", a.batch, a.seqlen_q, a.heads, a.head_dim);
+    problem = s::check_view(args->q, "q", a.dtype, a.batch, a.seqlen_q, a.heads, a.head_dim);
   }
   if (problem.empty()) {
-    problem = s::check_view(args->k, "k", a.batch, a.seqlen_kv, a.heads_kv, a.head_dim);
+    problem =
+        s::check_view(args->k, "k", a.dtype, a.batch, a.seqlen_kv, a.heads_kv, a.head_dim);
   }
   if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
   const int pow2 = args->use_power_2_scales;

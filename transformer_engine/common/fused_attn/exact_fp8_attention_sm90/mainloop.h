@@ -57,7 +57,8 @@ struct GmemLayouts {
   using StrideRows = Stride<int64_t, _1, int64_t>;
   // V8^T [h_kv, d, vt_width] E4M3 as (d, vt_width, h_kv): K-major B operand of P.V
   using StrideVt = Stride<int64_t, _1, int64_t>;
-  // V [b, s_kv, h_kv, d] bf16 as (d, s_kv, h_kv, b): MN-major B operand of P.V
+  // V [b, s_kv, h_kv, d] bf16 or fp16 as (d, s_kv, h_kv, b): MN-major B operand of P.V; the
+  // descriptor is typed bf16, and the TMA copies 16-bit words as they are (fp16 V too)
   using ShapeV = Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideV = Stride<_1, int64_t, int64_t, int64_t>;
 

@@ -262,13 +262,15 @@ CUTLASS_DEVICE void p_to_fp8_operand(FragS const &p, FragA &a) {
   }
 }
 
-// P (fp32) -> the bf16 A operand of the boundary tiles' P.V WGMMA. cute's ALayout_64x16 per 16
-// keys orders values as the accumulator does (value i of both is the same (row, key)).
+// P (fp32) -> the A operand of the boundary tiles' P.V WGMMA in the input dtype (bf16 or fp16,
+// the fragment's element type; round to nearest). cute's ALayout_64x16 per 16 keys orders values
+// as the accumulator does (value i of both is the same (row, key)).
 template <class FragS, class FragA>
-CUTLASS_DEVICE void p_to_bf16_operand(FragS const &p, FragA &a) {
+CUTLASS_DEVICE void p_to_16bit_operand(FragS const &p, FragA &a) {
   static_assert(decltype(size(p))::value == 64 && decltype(size(a))::value == 64, "P fragments");
+  using Element = typename FragA::value_type;
 #pragma unroll
-  for (int v = 0; v < 64; ++v) a(v) = static_cast<KernelTraits::Bf16>(p(v));
+  for (int v = 0; v < 64; ++v) a(v) = static_cast<Element>(p(v));
 }
 
 }  // namespace sm90

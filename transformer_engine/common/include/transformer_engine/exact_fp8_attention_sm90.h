@@ -41,9 +41,9 @@ typedef struct {
   const float *v_scale;    /* [heads_kv, num_chunks] fp32, scale_inv of one 128-token V chunk */
   const int32_t *cu_chunks; /* [batch + 1] int32: sample n's first V chunk                     */
   const int32_t *cu_vt;    /* [batch + 1] int32: V8^T column of sample n's first key (16 | it) */
-  const void *v;           /* [batch, seqlen_kv, heads_kv, d] bf16: unquantized V (boundary);
+  const void *v;           /* [batch, seqlen_kv, heads_kv, d] dtype: unquantized V (boundary);
                               strides v_stride_batch, v_stride_seq, d, 1                      */
-  void *out;               /* [batch, seqlen_q, heads, d] bf16; strides out_stride_batch,
+  void *out;               /* [batch, seqlen_q, heads, d] dtype; strides out_stride_batch,
                               out_stride_seq, d, 1                                            */
   float *lse;              /* [heads, t_q] fp32: natural log, -inf for a row that sees nothing */
   int64_t batch;
@@ -66,6 +66,9 @@ typedef struct {
   int64_t v_stride_seq;
   int64_t out_stride_batch;
   int64_t out_stride_seq;
+  int32_t dtype; /* NVTEExactFP8DType of v and out (and of the quantizing forward's q and k):
+                    NVTE_EXACT_FP8_BFLOAT16 (0) or NVTE_EXACT_FP8_FLOAT16; the leaky variant
+                    is bf16 only */
 } NVTEExactFP8AttentionSm90Args;
 
 /* Whether this library was built with the sm_90a kernel (1) or without it (0). */

@@ -3,18 +3,18 @@
     out, lse = exact_fp8_attention_forward(q, k, v, recipe="current", attn_mask_type="causal")
 
 Same arguments and results as triton.attention.exact_fp8_attention_forward, for the subset the
-kernel implements so far (docs/attention_kernel_sm90.md): bshd or sbhd, bf16, d = 128, current
-scaling, "causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises
+kernel implements so far (docs/attention_kernel_sm90.md): bshd or sbhd, bf16 or fp16, d = 128,
+current scaling, "causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises
 ValueError naming what is not supported; the Triton backend runs it. The kernel reads and writes
-bshd views: an sbhd call runs it on the bshd views of Q, K, V and O (the casts read any strides;
-V's tensor map and the epilogue take V's and O's batch and sequence strides), no copies.
+bshd views: an sbhd call runs it on the bshd views of Q, K, V and O (the casts read any strides; V's
+tensor map and the epilogue take V's and O's batch and sequence strides), no copies.
 
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
-V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel
-takes Q quantized (it does not cast Q itself yet). A call from bf16 inputs makes the casts (Q and
-K in one launch, V) and the kernel launch in one extension call (attention_sm90_fwd_quantizing:
-one host round trip, for small calls) into a workspace; a call with q_fp8 quantizes K and V here.
+V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel takes Q
+quantized (it does not cast Q itself yet). A call from bf16 / fp16 inputs makes the casts (Q and K
+in one launch, V) and the kernel launch in one extension call (attention_sm90_fwd_quantizing: one
+host round trip, for small calls) into a workspace; a call with q_fp8 quantizes K and V here.
 """
 
 import functools
@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 HEAD_DIMS = (128,)
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}  # NVTEExactFP8DType
 MASK_TYPES = ("causal", "no_mask")
 _WINDOWS = {"causal": ((-1, 0), (-1, -1)), "no_mask": ((-1, -1),)}
 _SYMBOL = "attention_sm90_fwd"
@@ -55,7 +56,8 @@ def extension_has_kernel() -> bool:
 
 def _unsupported(what: str) -> ValueError:
     return ValueError(
-        f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd or sbhd, bf16,"
+        f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd or sbhd, bf16"
+        " or fp16,"
         f" d = {HEAD_DIMS[0]}, current scaling, {' / '.join(MASK_TYPES)}); use the Triton backend"
     )
 
@@ -101,10 +103,10 @@ def forward_supported(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The forward of a call unsupported_reason accepts (it checks nothing itself).
 
-    q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0; sbhd: [s, b, ...]), bf16,
-    d = 128; out: q's shape, bf16, contiguous; lse [h, b * s_q] fp32 (natural log; -inf and
-    out 0 for a row that sees no key). q_fp8: Q already quantized (data [h, b * s_q, d] e4m3,
-    scale_inv [h, b * s_q] fp32).
+    q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0; sbhd: [s, b, ...]), bf16 or fp16 (all
+    three alike), d = 128; out: q's shape and dtype, contiguous; lse [h, b * s_q] fp32 (natural log;
+    -inf and out 0 for a row that sees no key). q_fp8: Q already quantized (data [h, b * s_q, d]
+    e4m3, scale_inv [h, b * s_q] fp32).
     fp8_v_everywhere=True is the LEAKY lower bound of the Triton kernel's signature, for
     benchmarks and negative controls only: boundary tiles keep their element-wise mask but use
     E4M3 P and V8^T with its chunk scale, so hidden keys of a boundary tile change visible rows
@@ -155,9 +157,10 @@ def kernel_view(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-def _strides(v: torch.Tensor, out: torch.Tensor) -> Tuple[int, int, int, int]:
-    """The kernel's stride arguments: v's and out's batch and sequence strides (elements)."""
-    return v.stride(0), v.stride(1), out.stride(0), out.stride(1)
+def _strides(v: torch.Tensor, out: torch.Tensor) -> Tuple[int, int, int, int, int]:
+    """The kernel's last arguments: v's and out's batch and sequence strides (elements) and the
+    dtype's code (NVTEExactFP8DType)."""
+    return v.stride(0), v.stride(1), out.stride(0), out.stride(1), _DTYPE_CODES[v.dtype]
 
 
 class _Workspace(NamedTuple):
@@ -287,6 +290,8 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
     if get("fp8_v_everywhere") and k.dim() == 4 and k.shape[s_kv_dim] % KV_TILE != 0:
         # its V8^T keeps a ragged last 16-key group in natural order (vt_layout)
         return _unsupported("fp8_v_everywhere (the leaky variant) with s_kv not a multiple of 128")
+    if get("fp8_v_everywhere") and q.dtype != torch.bfloat16:
+        return _unsupported(f"fp8_v_everywhere (the leaky variant) in {q.dtype} (bf16 only)")
     try:
         _check(q, k, v, kwargs["recipe"], get("qkv_format", "bshd"),
                get("attn_mask_type", "causal"), get("window_size"))  # fmt: skip
@@ -307,7 +312,7 @@ class Operands(NamedTuple):
     v_scale: torch.Tensor  # [h_kv, num_chunks] fp32, scale_inv of one 128-token V chunk
     cu_chunks: torch.Tensor  # [b + 1] int32, sample n's first V chunk
     cu_vt: torch.Tensor  # [b + 1] int32, V8^T column of sample n's first key
-    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16 (kernel_view): the boundary tiles' V
+    v: torch.Tensor  # [b, s_kv, h_kv, d] bf16 / fp16 (kernel_view): the boundary tiles' V
 
 
 def quantize_operands(q, k, v, q_fp8=None, **cast) -> Operands:
@@ -333,7 +338,7 @@ def launch(
     softmax_scale,
     fp8_v_everywhere: bool = False,
 ):
-    """Run the kernel on quantized operands into out [b, s_q, h, d] bf16 (a bshd view with
+    """Run the kernel on quantized operands into out [b, s_q, h, d] in v's dtype (a bshd view with
     kernel_view's strides) and lse [h, t_q].
     fp8_v_everywhere: the LEAKY variant (benchmarks and negative controls only)."""
     batch, s_q, heads, d = out.shape
@@ -378,9 +383,8 @@ def _check(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"{qkv_format} needs 4-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()}")
     q, k, v = (bshd_view(x, qkv_format) for x in (q, k, v))  # the checks below read bshd
-    bf16 = torch.bfloat16
-    if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16:
-        raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 only)")
+    if q.dtype not in _DTYPE_CODES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _unsupported(f"dtypes {q.dtype, k.dtype, v.dtype} (bf16 or fp16, all three alike)")
     q_shape, k_shape = q.shape, k.shape
     d = q_shape[3]
     if d not in HEAD_DIMS or k_shape[3] != d:

@@ -3,8 +3,8 @@
     dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
-subset the CUDA forward runs (bshd or sbhd, bf16, d = 128, current scaling, causal or no mask,
-MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read V and dO and write the
+subset the CUDA forward runs in bf16 (bshd or sbhd, d = 128, current scaling, causal or no mask,
+MHA or GQA; cuda.attention.unsupported_reason decides; an fp16 call runs the Triton backward). The kernels read V and dO and write the
 gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
 copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
 bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
@@ -49,7 +49,10 @@ def backward_supported(q, k, v, **kwargs) -> Optional[str]:
         if kwargs.get(name):
             return f"{name} belongs to the Triton backward"
     forward = {n: x for n, x in kwargs.items() if n not in ("launch_config", "unguarded")}
-    return unsupported_reason(q, k, v, **forward)
+    reason = unsupported_reason(q, k, v, **forward)
+    if reason is None and q.dtype != torch.bfloat16:  # the forward also runs fp16
+        return f"the CUDA backward runs bf16 only, got {q.dtype}"
+    return reason
 
 
 def exact_fp8_attention_backward(
