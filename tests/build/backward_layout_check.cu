@@ -46,9 +46,9 @@ int main() {
       expect(at == byte_of(row, key) && at + 2 == byte_of(row + 1, key), "dS word", t, v, at);
     }
   }
-  // K_dq's bytes read as the B operand of dQ_n: SmemBf16TileT(d, key) is SmemBf16Tile(key, d).
-  Tensor sK = make_tensor(make_smem_ptr(base), T::SmemBf16Tile{});
-  Tensor sKt = make_tensor(make_smem_ptr(base), T::SmemBf16TileT{});
+  // K_dq's bytes read as the B operand of dQ_n: Smem16TileT(d, key) is Smem16Tile(key, d).
+  Tensor sK = make_tensor(make_smem_ptr(base), T::Smem16Tile{});
+  Tensor sKt = make_tensor(make_smem_ptr(base), T::Smem16TileT{});
   for (int key = 0; key < kBwdTile; ++key) {
     for (int d = 0; d < kHeadDim; ++d) {
       expect(raw_pointer_cast(&sK(key, d)) == raw_pointer_cast(&sKt(d, key)), "K_dq^T", key, d, 0);

@@ -139,7 +139,7 @@ void register_exact_fp8_attention(py::module_ &m) {
          int64_t v_stride_batch, int64_t v_stride_seq, int64_t d_out_stride_batch,
          int64_t d_out_stride_seq, int64_t dq_stride_batch, int64_t dq_stride_seq,
          int64_t dkv_stride_batch, int64_t dkv_stride_seq, uintptr_t dq_accum,
-         uintptr_t dq_count, uintptr_t stream) {
+         uintptr_t dq_count, int64_t dtype, uintptr_t stream) {
         NVTEExactFP8AttentionSm90BwdArgs a{};
         a.q8 = reinterpret_cast<const void *>(q8);
         a.q_dq = reinterpret_cast<const void *>(q_dq);
@@ -170,12 +170,13 @@ void register_exact_fp8_attention(py::module_ &m) {
         a.dkv_stride_seq = dkv_stride_seq;
         a.dq_accum = reinterpret_cast<float *>(dq_accum);
         a.dq_count = reinterpret_cast<int32_t *>(dq_count);
+        a.dtype = static_cast<int32_t>(dtype);
         check(nvte_exact_fp8_attention_sm90_bwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       "Mask-exact FP8 attention backward on sm_90a (the forward's subset): dq, dk, dv from the "
       "forward's FP8 operands, their dequantized bf16 copies, the padded K scales and the row "
       "values; the batch and sequence strides of v, d_out, dq and dk / dv (0: contiguous bshd); "
-      "the dQ accumulator and its counters (scratch) "
+      "the dQ accumulator and its counters (scratch); dtype 0 (bf16) or 1 (fp16) "
       "(positional arguments only). See nvte_exact_fp8_attention_sm90_bwd in "
       "exact_fp8_attention_sm90.h.");
 #else

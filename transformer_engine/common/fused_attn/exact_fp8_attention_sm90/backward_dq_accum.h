@@ -183,9 +183,11 @@ struct DqWriter {
   }
 };
 
-// dQ = dq_accum * softmax_scale in bf16 ([b, s_q, h, d], strides dq_stride_*): one CTA of 256
-// threads per (64-row block, head, sample); thread t reads the 32 values that consumer thread t
-// added (Note [Ordered dQ accumulation]) and stores them at their fragment coordinates.
+// dQ = dq_accum * softmax_scale in Element (bf16 or fp16; [b, s_q, h, d], strides dq_stride_*):
+// one CTA of 256 threads per (64-row block, head, sample); thread t reads the 32 values that
+// consumer thread t added (Note [Ordered dQ accumulation]) and stores them at their fragment
+// coordinates.
+template <class Element>
 __global__ void __launch_bounds__(kBwdMmaThreads, 1)
     attention_bwd_dq_store_kernel(CUTE_GRID_CONSTANT BackwardParams const p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -209,8 +211,8 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1)
     acc(4 * i + 3) = x.w;
   }
   const int64_t base = batch * p.dq_stride_batch + static_cast<int64_t>(head) * kHeadDim;
-  store_rows(acc, coord, p.softmax_scale, static_cast<__nv_bfloat16 *>(p.dq) + base,
-             p.dq_stride_seq, m * kBwdStep, p.seqlen_q);
+  store_rows<Element>(acc, coord, p.softmax_scale, static_cast<uint16_t *>(p.dq) + base,
+                      p.dq_stride_seq, m * kBwdStep, p.seqlen_q);
 #endif
 }
 

@@ -36,6 +36,16 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
 
+// The 16-bit buffers of the shared storage as the operand dtype (the MMAs' view) or as the
+// bf16-typed words the tensor maps move (BackwardGmem: the TMA copies bf16 and fp16 alike).
+template <class Element>
+CUTLASS_DEVICE Element *as(uint16_t *words) {
+  return reinterpret_cast<Element *>(words);
+}
+CUTLASS_DEVICE BackwardTraits::Bf16 *words16(uint16_t *words) {
+  return as<BackwardTraits::Bf16>(words);
+}
+
 // Warp 0 of the producer warpgroup, one lane: the step's Q8, Q_dq, dO and row values into its
 // stage.
 CUTLASS_DEVICE void load_step(BackwardKernelParams const &kp, BackwardTraits::SharedStorage &ss,
@@ -47,12 +57,12 @@ CUTLASS_DEVICE void load_step(BackwardKernelParams const &kp, BackwardTraits::Sh
   const int m = steps.row_block(step);
   uint64_t &bar = ss.bar_full[stage];
   BwdBarrier::arrive_and_expect_tx(
-      &bar, T::kFp8StepBytes + 2 * T::kBf16StepBytes + kRowValues * kBwdStep * 4);
+      &bar, T::kFp8StepBytes + 2 * T::k16StepBytes + kRowValues * kBwdStep * 4);
   load_tile<kBwdStep, T::SmemFp8Step>(kp.tma_q8, kp.q_shape, ss.q8[stage], bar, head, batch, m);
-  load_tile<kBwdStep, T::SmemBf16Step>(kp.tma_q_dq, kp.q_shape, ss.q_dq[stage], bar, head, batch,
-                                       m);
-  load_tile<kBwdStep, T::SmemBf16Step>(kp.tma_d_out, kp.q_shape, ss.d_out[stage], bar, head, batch,
-                                       m);
+  load_tile<kBwdStep, T::Smem16Step>(kp.tma_q_dq, kp.q_shape, words16(ss.q_dq[stage]), bar, head,
+                                     batch, m);
+  load_tile<kBwdStep, T::Smem16Step>(kp.tma_d_out, kp.q_shape, words16(ss.d_out[stage]), bar, head,
+                                     batch, m);
   const int64_t plane = static_cast<int64_t>(p.heads) * p.batch * p.rows_pad;
   const float *rows =
       p.row_values + (static_cast<int64_t>(head) * p.batch + batch) * p.rows_pad + m * kBwdStep;
@@ -65,13 +75,13 @@ CUTLASS_DEVICE void load_step(BackwardKernelParams const &kp, BackwardTraits::Sh
 CUTLASS_DEVICE void run_loads(BackwardKernelParams const &kp, BackwardTraits::SharedStorage &ss,
                               BackwardSteps const &steps, int key_tile, int kv_head, int batch) {
   using T = BackwardTraits;
-  BwdBarrier::arrive_and_expect_tx(&ss.bar_kv, T::kFp8TileBytes + 2 * T::kBf16TileBytes);
+  BwdBarrier::arrive_and_expect_tx(&ss.bar_kv, T::kFp8TileBytes + 2 * T::k16TileBytes);
   load_tile<kBwdTile, T::SmemFp8Tile>(kp.tma_k8, kp.kv_shape, ss.k8, ss.bar_kv, kv_head, batch,
                                       key_tile);
-  load_tile<kBwdTile, T::SmemBf16Tile>(kp.tma_v, kp.kv_shape, ss.v, ss.bar_kv, kv_head, batch,
-                                       key_tile);
-  load_tile<kBwdTile, T::SmemBf16Tile>(kp.tma_k_dq, kp.kv_shape, ss.k_dq, ss.bar_kv, kv_head,
-                                       batch, key_tile);
+  load_tile<kBwdTile, T::Smem16Tile>(kp.tma_v, kp.kv_shape, words16(ss.v), ss.bar_kv, kv_head,
+                                     batch, key_tile);
+  load_tile<kBwdTile, T::Smem16Tile>(kp.tma_k_dq, kp.kv_shape, words16(ss.k_dq), ss.bar_kv, kv_head,
+                                     batch, key_tile);
   const int num_steps = steps.count();
   for (int step = 0; step < num_steps; ++step) {
     const int stage = step % kBwdStages;
@@ -86,7 +96,7 @@ CUTLASS_DEVICE void run_loads(BackwardKernelParams const &kp, BackwardTraits::Sh
 // step's dS [64 rows, 128 keys] (SmemDs; BackwardTraits::ds_word_offset gives the words' places:
 // the two values of a word are rows c, c + 1 of one key, adjacent bytes of the MN-major layout).
 template <bool kZero, class FragOp>
-CUTLASS_DEVICE void store_ds(FragOp const &tdKrdS, uint32_t ds_base, BackwardTraits::Bf16 *smem) {
+CUTLASS_DEVICE void store_ds(FragOp const &tdKrdS, uint32_t ds_base, uint16_t *smem) {
   using T = BackwardTraits;
   uint32_t const *words = reinterpret_cast<uint32_t const *>(raw_pointer_cast(tdKrdS.data()));
   char *bytes = reinterpret_cast<char *>(smem);
@@ -105,22 +115,23 @@ CUTLASS_DEVICE void store_ds(FragOp const &tdKrdS, uint32_t ds_base, BackwardTra
 // diagonal or the end of the keys crosses the step (a select per element). P^T is converted only
 // once dS^T is done, so that no bf16 operand is live beside the two fp32 tiles (the registers
 // of the consumers' 240 hold dV, dK, S^T and dP^T, 192 a thread, at that point).
-template <bool kMasked, class Frag, class FragOp, class Coord>
+template <bool kMasked, class Element, class Frag, class FragOp, class Coord>
 CUTLASS_DEVICE void score_gradients(BackwardTraits::SharedStorage &ss, int stage, int r0,
                                     float const (&key_scale)[2], int const (&first_row)[2],
                                     int mma_thread, Frag &tSrS, Frag &tdPrdP, FragOp &tdVrP,
                                     FragOp &tdKrdS, Coord const &tScS) {
   using T = BackwardTraits;
   typename T::MmaScores mma_s;
-  typename T::MmaDp mma_dp;
+  typename T::template MmaDpOf<Element> mma_dp;
   auto thr_s = mma_s.get_thread_slice(mma_thread);
   auto thr_dp = mma_dp.get_thread_slice(mma_thread);
   Tensor tSrK = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(ss.k8), T::SmemFp8Tile{}));
-  Tensor tdPrV = thr_dp.partition_fragment_A(make_tensor(make_smem_ptr(ss.v), T::SmemBf16Tile{}));
+  Tensor tdPrV = thr_dp.partition_fragment_A(
+      make_tensor(make_smem_ptr(as<Element>(ss.v)), T::Smem16Tile{}));
   Tensor tSrQ =
       thr_s.partition_fragment_B(make_tensor(make_smem_ptr(ss.q8[stage]), T::SmemFp8Step{}));
-  Tensor tdPrdO =
-      thr_dp.partition_fragment_B(make_tensor(make_smem_ptr(ss.d_out[stage]), T::SmemBf16Step{}));
+  Tensor tdPrdO = thr_dp.partition_fragment_B(
+      make_tensor(make_smem_ptr(as<Element>(ss.d_out[stage])), T::Smem16Step{}));
 
   // (key h, row) may enter the gradients: one compare (first_row: the causal mask and the real
   // keys, see BackwardConsumer::run).
@@ -163,12 +174,14 @@ CUTLASS_DEVICE void score_gradients(BackwardTraits::SharedStorage &ss, int stage
     tdPrdP(v) = ds0;
     tdPrdP(v + 1) = ds1;
   }
-  to_bf16_operand(tSrS, tdVrP);
-  to_bf16_operand(tdPrdP, tdKrdS);
+  to_16bit_operand(tSrS, tdVrP);
+  to_16bit_operand(tdPrdP, tdKrdS);
   store_ds<false>(tdKrdS, T::ds_word_base(mma_thread), ss.ds[stage]);
 }
 
-// Consumer warpgroups 1 and 2: the CTA's 128 keys, 64 a warpgroup.
+// Consumer warpgroups 1 and 2: the CTA's 128 keys, 64 a warpgroup. Element: the dtype of the
+// 16-bit operands and of the gradients (bf16 or fp16).
+template <class Element>
 struct BackwardConsumer {
   using T = BackwardTraits;
   BackwardParams const &p;
@@ -182,9 +195,9 @@ struct BackwardConsumer {
     const int wg = mma_thread / 128;
     const int wg_key0 = n0 + wg * 64;  // the warpgroup's first key
     typename T::MmaScores mma_s;
-    typename T::MmaDp mma_dp;
-    typename T::MmaGrad mma_g;
-    typename T::MmaDq mma_dq;
+    typename T::template MmaDpOf<Element> mma_dp;
+    typename T::template MmaGradOf<Element> mma_g;
+    typename T::template MmaDqOf<Element> mma_dq;
     // [128 keys, 64 rows] fp32 accumulators (32 values a thread): S^T, then P^T; dP^T, then dS^T
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBwdTile>, Int<kBwdStep>>{});
     Tensor tdPrdP = partition_fragment_C(mma_dp, Shape<Int<kBwdTile>, Int<kBwdStep>>{});
@@ -194,13 +207,13 @@ struct BackwardConsumer {
     Tensor tdKrdK = partition_fragment_C(mma_g, Shape<Int<kBwdTile>, Int<kHeadDim>>{});
     Tensor tdVcdV = mma_g.get_thread_slice(mma_thread)
                         .partition_C(make_identity_tensor(Shape<Int<kBwdTile>, Int<kHeadDim>>{}));
-    Tensor tdVrP = make_tensor<typename T::Bf16>(
-        partition_shape_A(mma_g, Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
-    Tensor tdKrdS = make_tensor<typename T::Bf16>(
-        partition_shape_A(mma_g, Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
+    Tensor tdVrP =
+        make_tensor<Element>(partition_shape_A(mma_g, Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
+    Tensor tdKrdS =
+        make_tensor<Element>(partition_shape_A(mma_g, Shape<Int<kBwdTile>, Int<kBwdStep>>{}));
     auto thr_dq = mma_dq.get_thread_slice(mma_thread);
-    Tensor tdQrKt =
-        thr_dq.partition_fragment_B(make_tensor(make_smem_ptr(ss.k_dq), T::SmemBf16TileT{}));
+    Tensor tdQrKt = thr_dq.partition_fragment_B(
+        make_tensor(make_smem_ptr(as<Element>(ss.k_dq)), T::Smem16TileT{}));
     clear(tdVrdV);
     clear(tdKrdK);
 
@@ -232,14 +245,14 @@ struct BackwardConsumer {
       auto thr_g = mma_g.get_thread_slice(mma_thread);
       if (seen) {
         if (masked) {
-          score_gradients<true>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
+          score_gradients<true, Element>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
                                 tdVrP, tdKrdS, tScS);
         } else {
-          score_gradients<false>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
+          score_gradients<false, Element>(ss, stage, r0, key_scale, first_row, mma_thread, tSrS, tdPrdP,
                                  tdVrP, tdKrdS, tScS);
         }
         Tensor tdVrdOt = thr_g.partition_fragment_B(
-            make_tensor(make_smem_ptr(ss.d_out[stage]), typename T::SmemBf16StepT{}));
+            make_tensor(make_smem_ptr(as<Element>(ss.d_out[stage])), typename T::Smem16StepT{}));
         issue_gemm<false, true>(mma_g, tdVrP, tdVrdOt, tdVrdV);
       } else {
         store_ds<true>(tdKrdS, T::ds_word_base(mma_thread), ss.ds[stage]);
@@ -249,12 +262,12 @@ struct BackwardConsumer {
 
       // dQ_n = dS . K_dq (d half wg); then dK += dS^T . Q_dq
       Tensor tdQrdS = thr_dq.partition_fragment_A(
-          make_tensor(make_smem_ptr(ss.ds[stage]), typename T::SmemDs{}));
+          make_tensor(make_smem_ptr(as<Element>(ss.ds[stage])), typename T::SmemDs{}));
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBwdStep>, Int<kHeadDim>>{});
       issue_gemm<true, false>(mma_dq, tdQrdS, tdQrKt, tdQrdQ);
       if (seen) {
         Tensor tdKrQt = thr_g.partition_fragment_B(
-            make_tensor(make_smem_ptr(ss.q_dq[stage]), typename T::SmemBf16StepT{}));
+            make_tensor(make_smem_ptr(as<Element>(ss.q_dq[stage])), typename T::Smem16StepT{}));
         issue_gemm<false, true>(mma_g, tdKrdS, tdKrQt, tdKrdK);
         warpgroup_wait<1>();  // dV and dQ_n are done (dK may run)
       } else {
@@ -278,13 +291,15 @@ struct BackwardConsumer {
     // dV and dK * softmax_scale of the tile's real keys ([b, s_kv, h_kv, d]).
     const int64_t row_stride = p.dkv_stride_seq;
     const int64_t base = batch * p.dkv_stride_batch + static_cast<int64_t>(kv_head) * kHeadDim;
-    store_rows(tdVrdV, tdVcdV, 1.0f, static_cast<__nv_bfloat16 *>(p.dv) + base, row_stride, n0,
-               p.seqlen_kv);
-    store_rows(tdKrdK, tdVcdV, p.softmax_scale, static_cast<__nv_bfloat16 *>(p.dk) + base,
-               row_stride, n0, p.seqlen_kv);
+    store_rows<Element>(tdVrdV, tdVcdV, 1.0f, static_cast<uint16_t *>(p.dv) + base, row_stride,
+                        n0, p.seqlen_kv);
+    store_rows<Element>(tdKrdK, tdVcdV, p.softmax_scale, static_cast<uint16_t *>(p.dk) + base,
+                        row_stride, n0, p.seqlen_kv);
   }
 };
 
+// Element: the dtype of V, dO, Q_dq, K_dq and the gradients, bf16 or fp16 (BackwardTraits).
+template <class Element>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     attention_bwd_kernel(CUTE_GRID_CONSTANT BackwardKernelParams const kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -320,8 +335,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegisters>();
-    BackwardConsumer consumer{p, ss, static_cast<int>(threadIdx.x) - 128, key_tile, kv_head,
-                              batch};
+    BackwardConsumer<Element> consumer{p, ss, static_cast<int>(threadIdx.x) - 128, key_tile,
+                                       kv_head, batch};
     consumer.run(steps);
   }
 #endif

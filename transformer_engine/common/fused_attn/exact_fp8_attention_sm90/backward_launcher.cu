@@ -37,6 +37,9 @@ std::string check(const NVTEExactFP8AttentionSm90BwdArgs &a) {
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
   if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
+    return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
+  }
   const int64_t limit = INT32_MAX;
   if (a.batch * a.seqlen_q * a.heads > limit / kHeadDim ||
       a.batch * a.seqlen_kv * a.heads > limit / kHeadDim ||
@@ -131,24 +134,30 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
   kp.q_shape = q_shape;
   kp.kv_shape = kv_shape;
   kp.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Tile{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::SmemBf16Tile{});
-  kp.tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, k_dq, T::SmemBf16Tile{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::Smem16Tile{});
+  kp.tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, k_dq, T::Smem16Tile{});
   kp.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Step{});
-  kp.tma_q_dq = make_tma_copy(SM90_TMA_LOAD{}, q_dq, T::SmemBf16Step{});
-  kp.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::SmemBf16Step{});
+  kp.tma_q_dq = make_tma_copy(SM90_TMA_LOAD{}, q_dq, T::Smem16Step{});
+  kp.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::Smem16Step{});
 
   const int smem = static_cast<int>(sizeof(T::SharedStorage)) + 1024;
-  cudaError_t err = allow_dynamic_smem<SmemSlot::kBackward>(attention_bwd_kernel, smem);
+  // The kernels of the input dtype (bf16 or fp16; check()).
+  const bool fp16 = a.dtype == NVTE_EXACT_FP8_FLOAT16;
+  auto kernel = fp16 ? attention_bwd_kernel<T::Fp16> : attention_bwd_kernel<Bf16>;
+  auto store_dq =
+      fp16 ? attention_bwd_dq_store_kernel<T::Fp16> : attention_bwd_dq_store_kernel<Bf16>;
+  cudaError_t err = fp16 ? allow_dynamic_smem<SmemSlot::kBackwardFp16>(kernel, smem)
+                         : allow_dynamic_smem<SmemSlot::kBackward>(kernel, smem);
   if (err == cudaSuccess) {
     err = cudaMemsetAsync(a.dq_count, 0, sizeof(int32_t) * int64_t(h) * b * p.row_blocks, stream);
   }
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid((s_kv + kBwdTile - 1) / kBwdTile, h_kv, b);
-  attention_bwd_kernel<<<grid, kBwdThreads, smem, stream>>>(kp);
+  kernel<<<grid, kBwdThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid_dq(p.row_blocks, h, b);
-  attention_bwd_dq_store_kernel<<<grid_dq, kBwdMmaThreads, 0, stream>>>(p);
+  store_dq<<<grid_dq, kBwdMmaThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   return NVTE_EXACT_FP8_SUCCESS;

@@ -34,6 +34,7 @@
 
 #include <cutlass/bfloat16.h>
 #include <cutlass/float8.h>
+#include <cutlass/half.h>
 
 #include <cute/tensor.hpp>
 
@@ -62,6 +63,10 @@ constexpr int kDqHalfFloats = kBwdStep * kHeadDim / 2;
 struct BackwardTraits {
   using Fp8 = cutlass::float_e4m3_t;
   using Bf16 = cutlass::bfloat16_t;
+  using Fp16 = cutlass::half_t;
+  // The 16-bit operands (V, dO, Q_dq, K_dq, P, dS) are in the input dtype, Element (Bf16 or
+  // Fp16): the tiled MMAs that read them take it as a parameter, the layouts and the storage
+  // serve both (16-bit words).
   using WarpgroupsM = Layout<Shape<_2, _1, _1>>;  // 64 rows of M per warpgroup
 
   // [128 keys | 64 rows, 128 d] E4M3, K-major.
@@ -69,54 +74,62 @@ struct BackwardTraits {
                                              Shape<Int<kBwdTile>, Int<kHeadDim>>{}));
   using SmemFp8Step = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{},
                                              Shape<Int<kBwdStep>, Int<kHeadDim>>{}));
-  // [128 keys | 64 rows, 128 d] bf16, K-major (d contiguous).
-  using SmemBf16Tile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{},
+  // [128 keys | 64 rows, 128 d] 16-bit, K-major (d contiguous).
+  using Smem16Tile = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{},
                                               Shape<Int<kBwdTile>, Int<kHeadDim>>{}));
-  using SmemBf16Step = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{},
+  using Smem16Step = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{},
                                               Shape<Int<kBwdStep>, Int<kHeadDim>>{}));
-  // The same bytes as SmemBf16Step, read as [128 d, 64 rows] MN-major: the 64 x 8 atoms are
-  // stacked along the rows first, as SmemBf16Step stacks its 8 x 64 atoms.
-  using SmemBf16StepT = decltype(tile_to_shape(
+  // The same bytes as Smem16Step, read as [128 d, 64 rows] MN-major: the 64 x 8 atoms are
+  // stacked along the rows first, as Smem16Step stacks its 8 x 64 atoms.
+  using Smem16StepT = decltype(tile_to_shape(
       GMMA::Layout_MN_SW128_Atom<Bf16>{}, Shape<Int<kHeadDim>, Int<kBwdStep>>{}, Step<_2, _1>{}));
 
   // S^T: [128 keys, 64 rows] = A [128 keys, 128 d] . B [64 rows, 128 d]^T, FP8, both K-major.
   using MmaScores = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Fp8, Fp8, float, Shape<_64, Int<kBwdStep>, Int<kHeadDim>>>(),
       WarpgroupsM{}));
-  // dP^T: [128 keys, 64 rows] = A [128 keys, 128 d] . B [64 rows, 128 d]^T, bf16, K-major.
-  using MmaDp = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kBwdStep>, Int<kHeadDim>>>(),
+  // dP^T: [128 keys, 64 rows] = A [128 keys, 128 d] . B [64 rows, 128 d]^T, K-major.
+  template <class Element>
+  using MmaDpOf = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBwdStep>, Int<kHeadDim>>>(),
       WarpgroupsM{}));
   // dV, dK: [128 keys, 128 d] += A [128 keys, 64 rows] (registers) . B [64 rows, 128 d], B
   // MN-major (d contiguous).
-  using MmaGrad = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kHeadDim>, Int<kBwdStep>>,
+  template <class Element>
+  using MmaGradOf = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBwdStep>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsM{}));
   // dQ_n: [64 rows, 128 d] = A [64 rows, 128 keys] . B [128 keys, 128 d], both MN-major (rows,
   // resp. d, contiguous); warpgroup w computes d half w (64 columns).
-  using MmaDq = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, _64, Int<kBwdTile>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
+  template <class Element>
+  using MmaDqOf = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, _64, Int<kBwdTile>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
+  // The fp32 fragments of these products are the same for both dtypes (the dQ store kernel
+  // and tests/build read them from the bf16 ones).
+  using MmaDp = MmaDpOf<Bf16>;
+  using MmaGrad = MmaGradOf<Bf16>;
+  using MmaDq = MmaDqOf<Bf16>;
 
-  // dS [64 rows, 128 keys] bf16, MN-major (rows contiguous): the A operand of dQ_n. Consumer
+  // dS [64 rows, 128 keys] 16-bit, MN-major (rows contiguous): the A operand of dQ_n. Consumer
   // warpgroup w writes keys 64 w .. 64 w + 63 from its dS^T accumulator.
   using SmemDs = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Bf16>{},
                                         Shape<Int<kBwdStep>, Int<kBwdTile>>{}));
-  // K_dq's bytes (SmemBf16Tile) read as [128 d, 128 keys] MN-major: the B operand of dQ_n.
-  using SmemBf16TileT = decltype(tile_to_shape(
+  // K_dq's bytes (Smem16Tile) read as [128 d, 128 keys] MN-major: the B operand of dQ_n.
+  using Smem16TileT = decltype(tile_to_shape(
       GMMA::Layout_MN_SW128_Atom<Bf16>{}, Shape<Int<kHeadDim>, Int<kBwdTile>>{}, Step<_2, _1>{}));
 
   static constexpr int kFp8TileBytes = kBwdTile * kHeadDim;
   static constexpr int kFp8StepBytes = kBwdStep * kHeadDim;
-  static constexpr int kBf16TileBytes = kBwdTile * kHeadDim * 2;
-  static constexpr int kBf16StepBytes = kBwdStep * kHeadDim * 2;
+  static constexpr int k16TileBytes = kBwdTile * kHeadDim * 2;
+  static constexpr int k16StepBytes = kBwdStep * kHeadDim * 2;
 
-  static constexpr int kBf16DsBytes = kBwdStep * kBwdTile * 2;
-  static_assert(cosize_v<SmemBf16StepT> == cosize_v<SmemBf16Step>, "one buffer, two views");
-  static_assert(cosize_v<SmemBf16TileT> == cosize_v<SmemBf16Tile>, "one buffer, two views");
-  static_assert(cosize_v<SmemDs> * 2 == kBf16DsBytes, "dS tile layout");
+  static constexpr int kDsBytes = kBwdStep * kBwdTile * 2;
+  static_assert(cosize_v<Smem16StepT> == cosize_v<Smem16Step>, "one buffer, two views");
+  static_assert(cosize_v<Smem16TileT> == cosize_v<Smem16Tile>, "one buffer, two views");
+  static_assert(cosize_v<SmemDs> * 2 == kDsBytes, "dS tile layout");
 
   // Where a consumer thread stores dS^T into SmemDs: its S^T fragment values v = 4 j + 2 h and
   // v + 1 are rows 2 (lane % 4) + 8 j (+ 1) of key 16 warp + lane / 4 + 8 h (warp: the thread's
@@ -135,12 +148,12 @@ struct BackwardTraits {
 
   struct SharedStorage {
     alignas(1024) Fp8 k8[kFp8TileBytes];
-    alignas(1024) Bf16 v[kBwdTile * kHeadDim];
-    alignas(1024) Bf16 k_dq[kBwdTile * kHeadDim];
+    alignas(1024) uint16_t v[kBwdTile * kHeadDim];     // 16-bit words: Element
+    alignas(1024) uint16_t k_dq[kBwdTile * kHeadDim];
     alignas(1024) Fp8 q8[kBwdStages][kFp8StepBytes];
-    alignas(1024) Bf16 q_dq[kBwdStages][kBwdStep * kHeadDim];
-    alignas(1024) Bf16 d_out[kBwdStages][kBwdStep * kHeadDim];
-    alignas(1024) Bf16 ds[kBwdStages][kBwdStep * kBwdTile];  // SmemDs, the step's dS
+    alignas(1024) uint16_t q_dq[kBwdStages][kBwdStep * kHeadDim];
+    alignas(1024) uint16_t d_out[kBwdStages][kBwdStep * kHeadDim];
+    alignas(1024) uint16_t ds[kBwdStages][kBwdStep * kBwdTile];  // SmemDs, the step's dS
     // [2 warpgroups][8][128 threads][4] fp32: the step's dQ_n, 16 KiB a warpgroup
     // (Note [Ordered dQ accumulation])
     alignas(1024) float dq[2][kDqHalfFloats];

@@ -8,11 +8,6 @@
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 
 #include "kernel_traits.h"
@@ -22,18 +17,6 @@
 namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
-
-// Two output values of one row as a 32-bit word of the output dtype (round to nearest).
-template <class Element>
-CUTLASS_DEVICE uint32_t output_pair(float a, float b) {
-  if constexpr (std::is_same_v<Element, KernelTraits::Fp16>) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t const *>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t const *>(&h);
-  }
-}
 
 // tOrO: the thread's 64 x 128 fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
 // Element: the output dtype.
@@ -69,7 +52,7 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &
     }
     const int64_t at = batch * p.out_stride_batch + row[h] * p.out_stride_seq +
                        static_cast<int64_t>(head) * kHeadDim + get<1>(tOcO(v));
-    *reinterpret_cast<uint32_t *>(out + at) = output_pair<Element>(o0, o1);
+    *reinterpret_cast<uint32_t *>(out + at) = pack_16bit_pair<Element>(o0, o1);
   }
 }
 

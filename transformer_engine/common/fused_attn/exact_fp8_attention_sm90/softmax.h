@@ -20,7 +20,11 @@
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_SOFTMAX_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_SOFTMAX_H_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -259,6 +263,20 @@ CUTLASS_DEVICE void p_to_fp8_operand(FragS const &p, FragA &a) {
       words[4 * kb + h] = pair[0] | (pair[1] << 16);      // the block's first 16-key group
       words[4 * kb + 2 + h] = pair[2] | (pair[3] << 16);  // its second
     }
+  }
+}
+
+// Two fp32 values as one 32-bit word of two 16-bit values of Element (KernelTraits::Bf16 or
+// ::Fp16; round to nearest), the first in the low half: an output pair or an operand word.
+template <class Element>
+CUTLASS_DEVICE uint32_t pack_16bit_pair(float a, float b) {
+  if constexpr (std::is_same_v<Element, KernelTraits::Fp16>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
+  } else {
+    static_assert(std::is_same_v<Element, KernelTraits::Bf16>, "bf16 or fp16");
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
   }
 }
 

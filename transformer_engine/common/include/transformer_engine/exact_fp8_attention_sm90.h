@@ -3,11 +3,12 @@
  * transformer_engine/common/fused_attn/exact_fp8_attention_sm90/ (the forward, and the backward
  * of the same subset).
  *
- * First step of the kernel (docs/attention_kernel_sm90.md): bshd dense, d = 128, bf16 Q/K/V/O,
- * current scaling (rules v2), causal (top-left) or no mask, MHA and GQA. The numerics are those
- * of Note [Mask-exact FP8 scaling] and Note [V scale in the rescale] (exact_fp8/formats.py).
- * Q, K and V arrive quantized by the fork's quantization kernels (exact_fp8_quantize.h), or in
- * bf16 to nvte_exact_fp8_attention_sm90_fwd_quantizing, which runs those casts first.
+ * What the kernels run (docs/attention_kernel_sm90.md): bshd views (sbhd through their
+ * strides), d = 128, bf16 or fp16 Q/K/V/O (the `dtype` fields), current scaling (rules v2),
+ * causal (top-left) or no mask, MHA and GQA. The numerics are those of Note [Mask-exact FP8
+ * scaling] and Note [V scale in the rescale] (exact_fp8/formats.py). Q, K and V arrive quantized
+ * by the fork's quantization kernels (exact_fp8_quantize.h), or unquantized to
+ * nvte_exact_fp8_attention_sm90_fwd_quantizing, which runs those casts first.
  *
  * The call enqueues its work on `stream` and returns at once: NVTE_EXACT_FP8_SUCCESS or an
  * error code, described by nvte_exact_fp8_attention_sm90_last_error() (per host thread).
@@ -86,8 +87,9 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd(const NVTEExactFP8Attention
  * on one stream by one call. Same numerics and outputs as those four calls.
  */
 typedef struct {
-  NVTEExactFP8TokenView q; /* [batch, seqlen_q, heads, d] bf16, any strides (d contiguous)   */
-  NVTEExactFP8TokenView k; /* [batch, seqlen_kv, heads_kv, d] bf16, any strides             */
+  NVTEExactFP8TokenView q; /* [batch, seqlen_q, heads, d] attention.dtype, any strides (d
+                              contiguous)                                                    */
+  NVTEExactFP8TokenView k; /* [batch, seqlen_kv, heads_kv, d] attention.dtype, any strides   */
   int32_t use_power_2_scales;
   float amax_epsilon;
   /* q8, q_scale, k8, k_scale, v8t, v_scale: the casts' outputs (the caller's buffers, of the
@@ -111,19 +113,19 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
  */
 typedef struct {
   const void *q8;           /* [heads, t_q, d] E4M3, Q per token                               */
-  const void *q_dq;         /* [heads, t_q, d] bf16: Q8 * scale_inv, saturated to bf16's range */
+  const void *q_dq;         /* [heads, t_q, d] dtype: Q8 * scale_inv, saturated to its range    */
   const void *k8;           /* [heads_kv, t_kv, d] E4M3                                         */
-  const void *k_dq;         /* [heads_kv, t_kv, d] bf16: K8 * scale_inv, saturated              */
+  const void *k_dq;         /* [heads_kv, t_kv, d] dtype: K8 * scale_inv, saturated             */
   const float *k_scale;     /* [heads_kv, batch, keys_pad] fp32: K8's scale_inv, 0 past seqlen_kv */
-  const void *v;            /* [batch, seqlen_kv, heads_kv, d] bf16                             */
-  const void *d_out;        /* [batch, seqlen_q, heads, d] bf16                                 */
+  const void *v;            /* [batch, seqlen_kv, heads_kv, d] dtype                            */
+  const void *d_out;        /* [batch, seqlen_q, heads, d] dtype                                */
   const float *row_values;  /* [3, heads, batch, rows_pad] fp32: per row q_scale_inv *
                                softmax_scale * log2(e), the forward's LSE * log2(e) (+inf for a
                                row that sees nothing) and D = sum of dO * O over dO != 0;
                                (1, +inf, 0) past seqlen_q */
-  void *dq;                 /* [batch, seqlen_q, heads, d] bf16                                 */
-  void *dk;                 /* [batch, seqlen_kv, heads_kv, d] bf16                             */
-  void *dv;                 /* [batch, seqlen_kv, heads_kv, d] bf16                             */
+  void *dq;                 /* [batch, seqlen_q, heads, d] dtype                                */
+  void *dk;                 /* [batch, seqlen_kv, heads_kv, d] dtype                            */
+  void *dv;                 /* [batch, seqlen_kv, heads_kv, d] dtype                            */
   int64_t batch;
   int64_t seqlen_q;
   int64_t seqlen_kv;
@@ -146,6 +148,8 @@ typedef struct {
   /* Scratch, any contents on entry; with row_blocks = ceil(seqlen_q / 64): */
   float *dq_accum;   /* [heads, batch, row_blocks, 64 * 128] fp32: the dQ accumulator          */
   int32_t *dq_count; /* [heads, batch, row_blocks] int32: its counters (zeroed by the call)    */
+  int32_t dtype; /* NVTEExactFP8DType of q_dq, k_dq, v, d_out and the gradients: bf16 (0) or fp16;
+                    q_dq and k_dq saturated to that dtype's range */
 } NVTEExactFP8AttentionSm90BwdArgs;
 
 /* The backward: dq, dk, dv (every element written; deterministic: every sum in an order fixed

@@ -3,8 +3,8 @@
     dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
-subset the CUDA forward runs in bf16 (bshd or sbhd, d = 128, current scaling, causal or no mask,
-MHA or GQA; cuda.attention.unsupported_reason decides; an fp16 call runs the Triton backward). The kernels read V and dO and write the
+subset the CUDA forward runs (bshd or sbhd, bf16 or fp16, d = 128, current scaling, causal or no
+mask, MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read V and dO and write the
 gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
 copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
 bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
@@ -21,7 +21,7 @@ import torch
 
 from .. import quantize
 from ..masks import bshd_view
-from .attention import kernel_view, unsupported_reason
+from .attention import _DTYPE_CODES, kernel_view, unsupported_reason
 
 __all__ = [
     "backward_of_supported",
@@ -49,10 +49,7 @@ def backward_supported(q, k, v, **kwargs) -> Optional[str]:
         if kwargs.get(name):
             return f"{name} belongs to the Triton backward"
     forward = {n: x for n, x in kwargs.items() if n not in ("launch_config", "unguarded")}
-    reason = unsupported_reason(q, k, v, **forward)
-    if reason is None and q.dtype != torch.bfloat16:  # the forward also runs fp16
-        return f"the CUDA backward runs bf16 only, got {q.dtype}"
-    return reason
+    return unsupported_reason(q, k, v, **forward)
 
 
 def exact_fp8_attention_backward(
@@ -98,7 +95,7 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
     # See Note [Mask-exact FP8 scaling]: the forward's casts, so its operands bit for bit.
     q8, q_scale = quantize.per_token_cast_to_fp8(q, **cast)
     k8, k_scale = quantize.per_token_cast_to_fp8(k, **cast)
-    q_dq, k_dq = dequantized_rows(q8, q_scale), dequantized_rows(k8, k_scale)
+    q_dq, k_dq = (dequantized_rows(x8, s, q.dtype) for x8, s in ((q8, q_scale), (k8, k_scale)))
 
     delta, lse2 = row_statistics(
         q,
@@ -127,7 +124,7 @@ def backward_of_supported(q, k, v, out, d_out, lse, **kwargs):
         kwargs.get("attn_mask_type", "causal") == "causal", float(softmax_scale),
         v.stride(0), v.stride(1), d_out.stride(0), d_out.stride(1),
         dq_b.stride(0), dq_b.stride(1), dk_b.stride(0), dk_b.stride(1),
-        dq_accum.data_ptr(), dq_count.data_ptr(),
+        dq_accum.data_ptr(), dq_count.data_ptr(), _DTYPE_CODES[q.dtype],
     )  # fmt: skip
     return dq, dk, dv
 

@@ -161,11 +161,13 @@ def row_statistics(
 DEQUANTIZE_BLOCK_ROWS = 32
 
 
-def dequantized_rows(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x8 [..., d] e4m3 (contiguous) times its per-row scale_inv [...] fp32, in bf16 saturated
-    to its finite range (NaN kept): the dequantized operands the backward's dK and dQ products
-    take (_dequantize of backward_kernel.py), for the CUDA backward."""
-    out = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
+def dequantized_rows(
+    x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """x8 [..., d] e4m3 (contiguous) times its per-row scale_inv [...] fp32, in `dtype` (bf16 or
+    fp16) saturated to its finite range (NaN kept): the dequantized operands the backward's dK
+    and dQ products take (_dequantize of backward_kernel.py), for the CUDA backward."""
+    out = torch.empty(x8.shape, dtype=dtype, device=x8.device)
     rows = scale.numel()
     if rows > 0:
         grid = (triton.cdiv(rows, DEQUANTIZE_BLOCK_ROWS),)
