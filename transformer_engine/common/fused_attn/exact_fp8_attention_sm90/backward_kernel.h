@@ -92,7 +92,7 @@ CUTLASS_DEVICE void run_loads(BackwardKernelParams const &kp, BackwardTraits::Sh
   }
 }
 
-// dS^T of the warpgroup's keys (the bf16 words of its register operand, or zeros) into the
+// dS^T of the warpgroup's keys (the 16-bit words of its register operand, or zeros) into the
 // step's dS [64 rows, 128 keys] (SmemDs; BackwardTraits::ds_word_offset gives the words' places:
 // the two values of a word are rows c, c + 1 of one key, adjacent bytes of the MN-major layout).
 template <bool kZero, class FragOp>
@@ -113,7 +113,7 @@ CUTLASS_DEVICE void store_ds(FragOp const &tdKrdS, uint32_t ds_base, uint16_t *s
 // The score products of a step that sees the warpgroup's keys: S^T and dP^T, then P^T and dS^T
 // in registers (the A operands of dV and dK) and dS in shared memory. kMasked: the causal
 // diagonal or the end of the keys crosses the step (a select per element). P^T is converted only
-// once dS^T is done, so that no bf16 operand is live beside the two fp32 tiles (the registers
+// once dS^T is done, so that no 16-bit operand is live beside the two fp32 tiles (the registers
 // of the consumers' 240 hold dV, dK, S^T and dP^T, 192 a thread, at that point).
 template <bool kMasked, class Element, class Frag, class FragOp, class Coord>
 CUTLASS_DEVICE void score_gradients(BackwardTraits::SharedStorage &ss, int stage, int r0,

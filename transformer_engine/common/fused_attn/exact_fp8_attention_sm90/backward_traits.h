@@ -9,21 +9,22 @@
  *   warpgroups 1 and 2, the consumers: warpgroup w owns keys 64 w .. 64 w + 63 of the tile.
  *     Steps of 64 query rows walk (query head of the kv-head's group, row block); per step
  *       S^T  = K8 . Q8^T            FP8 SS  [64 keys, 64 rows] a warpgroup (the forward's scores)
- *       dP^T = V . dO^T             bf16 SS [64 keys, 64 rows]
- *       dV  += P^T . dO             bf16 RS [64 keys, 128 d]     (P^T from registers)
- *       dK  += dS^T . Q_dq          bf16 RS [64 keys, 128 d]     (dS^T from registers)
- *       dQ_n = dS . K_dq            bf16 SS [64 rows, 64 d]      (dS of both warpgroups' keys
+ *       dP^T = V . dO^T             16-bit SS [64 keys, 64 rows]
+ *       dV  += P^T . dO             16-bit RS [64 keys, 128 d]   (P^T from registers)
+ *       dK  += dS^T . Q_dq          16-bit RS [64 keys, 128 d]   (dS^T from registers)
+ *       dQ_n = dS . K_dq            16-bit SS [64 rows, 64 d]    (dS of both warpgroups' keys
  *                                   through shared memory; warpgroup w computes d half w)
  *
  * Shared memory (d = 128):
  *   K8    [128 keys, 128 d] E4M3, K-major SW128                              16 KiB
- *   V     [128 keys, 128 d] bf16, K-major SW128                              32 KiB
- *   K_dq  [128 keys, 128 d] bf16, K-major SW128 (read MN-major for dQ)       32 KiB
- *   per stage (2): Q8 [64 rows, 128 d] E4M3 8 KiB, Q_dq and dO [64 rows, 128 d] bf16 16 KiB
- *     each, dS [64 rows, 128 keys] bf16 MN-major 16 KiB, [3][64] fp32 row values   113.5 KiB
+ *   V     [128 keys, 128 d] 16-bit, K-major SW128                            32 KiB
+ *   K_dq  [128 keys, 128 d] 16-bit, K-major SW128 (read MN-major for dQ)     32 KiB
+ *   per stage (2): Q8 [64 rows, 128 d] E4M3 8 KiB, Q_dq and dO [64 rows, 128 d] 16-bit 16 KiB
+ *     each, dS [64 rows, 128 keys] 16-bit MN-major 16 KiB, [3][64] fp32 row values 113.5 KiB
  *   dQ_n  [2 warpgroups][64 rows x 64 d] fp32 (Note [Ordered dQ accumulation])        32 KiB
  *
- * The bf16 [rows, 128 d] buffers serve two operands: K-major (rows, d) for the TMA load and for
+ * 16-bit: the input dtype, bf16 or fp16 (the MMAs' element type; the buffers hold its words).
+ * The 16-bit [rows, 128 d] buffers serve two operands: K-major (rows, d) for the TMA load and for
  * dO as the B operand of dP^T, and MN-major (d, rows) for dO, Q_dq and K_dq as the B operand of
  * the products that sum over rows or keys. Both layouts put element (row r, channel c) at the
  * same byte (64-channel halves, 128-byte rows, the SW128 swizzle over 8-row groups), so one
