@@ -94,21 +94,32 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
     assert "cudaGetDriverEntryPoint" not in undefined
 
 
-def test_backward_shared_memory_places_match_cute(tmp_path):
-    """The backward's hand-computed dS addresses and the warpgroups' dQ halves against cute's
-    layouts and fragments, and the dQ contributions' order over many shapes (the kernel's own
-    step walk and counts: backward_layout_check.cu, a host program, no GPU)."""
-    exe = tmp_path / "backward_layout_check"
-    source = cmake_build.REPO_ROOT / "tests" / "build" / "backward_layout_check.cu"
-    cmd = [str(env.find_nvcc()), "-std=c++17", f"-I{cmake_build.REPO_ROOT}"]
-    cmd += [
-        f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}",
-        f"-I{fetch.cutlass_include_dir()}",
-    ]
+def _run_host_check(tmp_path, name):
+    """Compile and run tests/build/<name>.cu (a host program over the kernels' headers): its
+    output must be "ok"."""
+    exe = tmp_path / name
+    source = cmake_build.REPO_ROOT / "tests" / "build" / f"{name}.cu"
+    cmd = [str(env.find_nvcc()), "-std=c++17", "--expt-relaxed-constexpr"]
+    cmd += [f"-I{cmake_build.REPO_ROOT}", f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}"]
+    cmd += [f"-I{fetch.cutlass_include_dir()}"]
     result = subprocess.run(cmd + [str(source), "-o", str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:]
+
+
+def test_forward_kv_tile_ranges_follow_the_masks(tmp_path):
+    """kv_tile_range (which KV tiles a query tile visits, which of them use FP8 V) against the
+    masks, brute force over lengths and the three masks, bottom-right causal among them
+    (forward_tile_check.cu, a host program: no GPU)."""
+    _run_host_check(tmp_path, "forward_tile_check")
+
+
+def test_backward_shared_memory_places_match_cute(tmp_path):
+    """The backward's hand-computed dS addresses and the warpgroups' dQ halves against cute's
+    layouts and fragments, and the dQ contributions' order over many shapes (the kernel's own
+    step walk and counts: backward_layout_check.cu, a host program, no GPU)."""
+    _run_host_check(tmp_path, "backward_layout_check")
 
 
 def test_cmake_builds_the_sources_and_flags_of_compile_only():

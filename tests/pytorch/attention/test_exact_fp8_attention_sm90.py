@@ -2,7 +2,7 @@
 
 The kernel has not run on hardware before these tests: tools/gpu_sm90_check.sh builds it and runs
 them first. They check, for the subset it implements (bshd and sbhd, bf16 and fp16, d = 128,
-current scaling, causal / no_mask, MHA and GQA):
+current scaling, causal (top-left and bottom-right) / no_mask, MHA and GQA):
 - headline: bitwise invariance (torch.equal) of every output and LSE a mask hides from a
   perturbation (future Q, K and V with large finite values; other samples), with a visible
   perturbation as the control that must be seen;
@@ -37,7 +37,7 @@ def _skip_reason():
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
-MASKS = ("causal", "no_mask")
+MASKS = ("causal", "causal_bottom_right", "no_mask")
 DTYPES = [torch.bfloat16, torch.float16]  # the inputs', V's (boundary tiles) and O's
 # (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, one tile and several, MHA and GQA.
 SHAPES = [
@@ -398,10 +398,33 @@ def test_sbhd_causal_future_changes_no_prefix_bit(t):
     assert torch.equal(rows(lse2), rows(lse))
 
 
+@pytest.mark.parametrize("t", [0, 150, 299])
+@pytest.mark.parametrize("s_kv", [640, 300, 200])
+def test_bottom_right_hidden_keys_change_no_prefix_bit(t, s_kv):
+    """causal_bottom_right (row i sees keys j <= i + s_kv - s_q): the keys after t + s_kv - s_q
+    and the queries after t, set to bf16's largest value, change no bit of rows <= t; with
+    s_q > s_kv the first rows see nothing (O 0, LSE -inf) whatever the other rows hold."""
+    s_q, off = 300, s_kv - 300
+    q, k, v = _inputs(33, 2, s_q, s_kv, 4, 2)
+    kw = dict(backend="cuda", recipe="current", attn_mask_type="causal_bottom_right")
+    out, lse = kernels.attention_forward(q, k, v, **kw)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[:, t + 1 :] = BF16_MAX
+    if t + off + 1 < s_kv:
+        k2[:, max(t + off + 1, 0) :] = BF16_MAX
+        v2[:, max(t + off + 1, 0) :] = BF16_MAX
+    out2, lse2 = kernels.attention_forward(q2, k2, v2, **kw)
+    assert torch.equal(out2[:, : t + 1], out[:, : t + 1])
+    rows = lambda x: x.view(x.shape[0], 2, s_q)[:, :, : t + 1]  # lse [h, b * s]
+    assert torch.equal(rows(lse2), rows(lse))
+    blind = max(-off, 0)  # rows that see no key
+    assert (out[:, :blind] == 0).all() and (lse.view(4, 2, s_q)[:, :, :blind] == -torch.inf).all()
+
+
 # -------------------------------------------------------------------- fp16
 
 
-@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("mask", ["causal", "no_mask"])  # the CUDA backward's masks
 def test_fp16_sbhd_equals_bshd_and_runs_the_cuda_backward(mask):
     """An fp16 sbhd call runs the CUDA forward (bit for bit the bshd call's) and the CUDA
     backward, whose gradients are finite fp16."""
@@ -425,7 +448,6 @@ def test_fp16_sbhd_equals_bshd_and_runs_the_cuda_backward(mask):
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
         (dict(attn_mask_type="padding_causal"), "attn_mask_type 'padding_causal'"),
-        (dict(attn_mask_type="causal_bottom_right"), "attn_mask_type 'causal_bottom_right'"),
         (dict(window_size=(64, 0)), r"window_size \(64, 0\)"),
         (dict(qkv_format="thd"), "qkv_format 'thd'"),
     ],

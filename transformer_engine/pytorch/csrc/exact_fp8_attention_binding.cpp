@@ -27,7 +27,7 @@ NVTEExactFP8AttentionSm90Args attention_args(
     uintptr_t q8, uintptr_t q_scale, uintptr_t k8, uintptr_t k_scale, uintptr_t v8t,
     uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
     uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
-    int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
+    int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, int64_t causal,
     float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
     int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype) {
   NVTEExactFP8AttentionSm90Args a{};
@@ -50,7 +50,7 @@ NVTEExactFP8AttentionSm90Args attention_args(
   a.head_dim = head_dim;
   a.vt_width = vt_width;
   a.num_chunks = num_chunks;
-  a.causal = causal ? 1 : 0;
+  a.causal = static_cast<int32_t>(causal);
   a.softmax_scale = softmax_scale;
   a.fp8_v_everywhere = fp8_v_everywhere ? 1 : 0;
   a.v_stride_batch = v_stride_batch;
@@ -76,7 +76,7 @@ void register_exact_fp8_attention(py::module_ &m) {
       [](uintptr_t q8, uintptr_t q_scale, uintptr_t k8, uintptr_t k_scale, uintptr_t v8t,
          uintptr_t v_scale, uintptr_t cu_chunks, uintptr_t cu_vt, uintptr_t v, uintptr_t out,
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
-         int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, bool causal,
+         int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, int64_t causal,
          float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
          int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
         const NVTEExactFP8AttentionSm90Args a = attention_args(
@@ -94,7 +94,8 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("fp8_v_everywhere"), py::arg("v_stride_batch"), py::arg("v_stride_seq"),
       py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("dtype"), py::arg("stream"),
       "Mask-exact FP8 attention forward on sm_90a (bshd views, d = 128, bf16 or fp16: dtype "
-      "0 or 1, current scaling): out [b, s_q, h, d] in that dtype (element strides of its batch "
+      "0 or 1, current scaling; causal 0 no mask, 1 top-left, 2 bottom-right): out "
+      "[b, s_q, h, d] in that dtype (element strides of its batch "
       "and sequence dims, 0: contiguous), lse [h, b * s_q] fp32; v likewise; fp8_v_everywhere: "
       "the LEAKY benchmark and negative-control mode (bf16). See exact_fp8_attention_sm90.h.");
   m.def(
@@ -105,7 +106,7 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t k8, uintptr_t k_scale, uintptr_t v8t, uintptr_t v_scale, uintptr_t cu_chunks,
          uintptr_t cu_vt, uintptr_t v, uintptr_t out, uintptr_t lse, int64_t batch,
          int64_t seqlen_q, int64_t seqlen_kv, int64_t heads, int64_t heads_kv, int64_t head_dim,
-         int64_t vt_width, int64_t num_chunks, bool causal, float softmax_scale,
+         int64_t vt_width, int64_t num_chunks, int64_t causal, float softmax_scale,
          bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
          int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
         NVTEExactFP8AttentionSm90QuantizingArgs a{};

@@ -32,7 +32,7 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
     return "batch, seqlen_q, heads and heads_kv must be >= 1 and seqlen_kv >= 0";
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
-  if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.causal < 0 || a.causal > 2) return "causal must be 0, 1 or 2";
   if (a.fp8_v_everywhere != 0 && a.fp8_v_everywhere != 1) return "fp8_v_everywhere must be 0 or 1";
   if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
     return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
@@ -130,6 +130,7 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   p.out_stride_batch = a.out_stride_batch ? a.out_stride_batch : a.seqlen_q * p.out_stride_seq;
   p.num_q_tiles = (s_q + kQTile - 1) / kQTile;
   p.causal = a.causal != 0;
+  p.causal_offset = a.causal == 2 ? s_kv - s_q : 0;  // bottom-right: the last rows see every key
   p.scale_log2 = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634);
   kp.t_q = t_q;
   kp.t_kv = t_kv;

@@ -37,14 +37,19 @@ struct KVTileRange {
   }
 };
 
+// Causal masks (row i sees keys j <= i + causal_offset): the tile's last real row sees keys up to
+// q_last + offset; a KV tile is FP8 when its last key is seen by the tile's first row q0, that is
+// for the first (q0 + offset + 1) / 128 tiles (masks.fp8_tile_map's rule; tests/build checks it).
 CUTLASS_HOST_DEVICE KVTileRange kv_tile_range(AttentionParams const &p, int q_tile) {
   const int q0 = q_tile * kQTile;
   const int q_last = min(q0 + kQTile, p.seqlen_q) - 1;  // last real row
-  const int kv_end = p.causal ? min(q_last + 1, p.seqlen_kv) : p.seqlen_kv;
+  const int off = p.causal_offset;
+  const int kv_end = p.causal ? max(min(q_last + off + 1, p.seqlen_kv), 0) : p.seqlen_kv;
   KVTileRange r;
   r.num_tiles = kv_end > 0 ? (kv_end + kKVTile - 1) / kKVTile : 0;
   const int complete = p.seqlen_kv / kKVTile;
-  r.num_fp8 = min(p.causal ? min(q_tile, complete) : complete, r.num_tiles);
+  const int seen_whole = p.causal ? max(q0 + off + 1, 0) / kKVTile : complete;
+  r.num_fp8 = min(min(seen_whole, complete), r.num_tiles);
   return r;
 }
 

@@ -18,7 +18,7 @@ struct AttentionParams {
   const float *v_scale;      // [h_kv, num_chunks] fp32, scale_inv of one 128-token V chunk
   const int32_t *cu_chunks;  // [b + 1] int32, sample n's first V chunk (column of v_scale)
   const int32_t *cu_vt;      // [b + 1] int32, V8^T column of sample n's first key
-  void *out;                 // [b, s_q, h, d] bf16, strides below (heads d apart)
+  void *out;                 // [b, s_q, h, d] bf16 or fp16, strides below (heads d apart)
   float *lse;                // [h, t_q] fp32, natural log; -inf where a row sees nothing
   int batch;
   int seqlen_q;
@@ -29,7 +29,8 @@ struct AttentionParams {
   int64_t out_stride_batch;  // elements between samples of out
   int64_t out_stride_seq;    // elements between tokens of out
   int num_q_tiles;  // ceil(s_q / kQTile)
-  bool causal;      // top-left causal (row i sees keys j <= i) or no mask
+  bool causal;      // causal (row i sees keys j <= i + causal_offset) or no mask
+  int causal_offset;  // 0: top-left; s_kv - s_q: bottom-right (causal_bottom_right)
   float scale_log2;  // softmax_scale * log2(e)
 };
 

@@ -61,7 +61,7 @@ CUTLASS_DEVICE float fast_exp2(float x) {
 struct ScoreScales {
   AttentionParams const &p;
   float row_scale[2];  // of the thread's two rows
-  int row[2];          // their positions in the sample
+  int last_key[2];     // the last key each may see: s_kv - 1, or row + causal_offset if less
 
   template <class CoordS>
   CUTLASS_DEVICE ScoreScales(AttentionParams const &p_, CoordS const &tScS, int batch, int head,
@@ -71,8 +71,9 @@ struct ScoreScales {
     const float *q_scale = p.q_scale + head * t_q + static_cast<int64_t>(batch) * p.seqlen_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row[h] = q0 + get<0>(tScS(2 * h));
-      row_scale[h] = row[h] < p.seqlen_q ? q_scale[row[h]] * p.scale_log2 : 1.0f;
+      const int row = q0 + get<0>(tScS(2 * h));
+      row_scale[h] = row < p.seqlen_q ? q_scale[row] * p.scale_log2 : 1.0f;
+      last_key[h] = p.causal ? min(row + p.causal_offset, p.seqlen_kv - 1) : p.seqlen_kv - 1;
     }
   }
 
@@ -104,8 +105,7 @@ struct ScoreScales {
         float t = tSrS(v) * ((i & 1) ? ks.y : ks.x);
         if constexpr (kBoundary) {
           const int key = key0 + get<1>(tScS(v));
-          const bool visible = key < p.seqlen_kv && (!p.causal || key <= row[h]);
-          t = visible ? t : -INFINITY;
+          t = key <= last_key[h] ? t : -INFINITY;  // one compare: the mask and the real keys
         }
         tSrS(v) = t;
       }

@@ -5,7 +5,7 @@
  *
  * What the kernels run (docs/attention_kernel_sm90.md): bshd views (sbhd through their
  * strides), d = 128, bf16 or fp16 Q/K/V/O (the `dtype` fields), current scaling (rules v2),
- * causal (top-left) or no mask, MHA and GQA. The numerics are those of Note [Mask-exact FP8
+ * causal (top-left; the forward also bottom-right) or no mask, MHA and GQA. The numerics are those of Note [Mask-exact FP8
  * scaling] and Note [V scale in the rescale] (exact_fp8/formats.py). Q, K and V arrive quantized
  * by the fork's quantization kernels (exact_fp8_quantize.h), or unquantized to
  * nvte_exact_fp8_attention_sm90_fwd_quantizing, which runs those casts first.
@@ -55,7 +55,8 @@ typedef struct {
   int64_t head_dim;
   int64_t vt_width;   /* columns of V8^T (a multiple of 16) */
   int64_t num_chunks; /* columns of v_scale */
-  int32_t causal;     /* 1: causal (top-left), 0: no mask */
+  int32_t causal;     /* 0: no mask, 1: causal (top-left: row i sees keys j <= i), 2: causal
+                         bottom-right (j <= i + seqlen_kv - seqlen_q) */
   float softmax_scale;
   int32_t fp8_v_everywhere; /* 0: the mask-exact rules. 1: LEAKY, for benchmarks and negative
                                controls only: boundary tiles keep their element-wise mask but

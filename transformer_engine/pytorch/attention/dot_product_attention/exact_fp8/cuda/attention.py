@@ -4,10 +4,11 @@
 
 Same arguments and results as triton.attention.exact_fp8_attention_forward, for the subset the
 kernel implements so far (docs/attention_kernel_sm90.md): bshd or sbhd, bf16 or fp16, d = 128,
-current scaling, "causal" (top-left) or "no_mask", MHA or GQA, on an sm90 GPU. Anything else raises
-ValueError naming what is not supported; the Triton backend runs it. The kernel reads and writes
-bshd views: an sbhd call runs it on the bshd views of Q, K, V and O (the casts read any strides; V's
-tensor map and the epilogue take V's and O's batch and sequence strides), no copies.
+current scaling, "causal" (top-left), "causal_bottom_right" or "no_mask", MHA or GQA, on an sm90
+GPU. Anything else raises ValueError naming what is not supported; the Triton backend runs it.
+The kernel reads and writes bshd views: an sbhd call runs it on the bshd views of Q, K, V and O
+(the casts read any strides; V's tensor map and the epilogue take V's and O's batch and sequence
+strides), no copies.
 
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
@@ -44,8 +45,14 @@ __all__ = [
 
 HEAD_DIMS = (128,)
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}  # NVTEExactFP8DType
-MASK_TYPES = ("causal", "no_mask")
-_WINDOWS = {"causal": ((-1, 0), (-1, -1)), "no_mask": ((-1, -1),)}
+MASK_TYPES = ("causal", "causal_bottom_right", "no_mask")
+_WINDOWS = {
+    "causal": ((-1, 0), (-1, -1)),
+    "causal_bottom_right": ((-1, 0), (-1, -1)),
+    "no_mask": ((-1, -1),),
+}
+# The C API's `causal`: no mask, causal top-left, causal bottom-right.
+_MASK_CODES = {"no_mask": 0, "causal": 1, "causal_bottom_right": 2}
 _SYMBOL = "attention_sm90_fwd"
 
 
@@ -116,7 +123,7 @@ def forward_supported(
     """
     del recipe, window_size, max_seqlen_q, max_seqlen_kv
     del cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
-    causal = attn_mask_type == "causal"
+    causal = _MASK_CODES[attn_mask_type]  # the C API's code
     args = (causal, softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, q_fp8)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # in q's format
     bshd = (bshd_view(x, qkv_format) for x in (q, k, v, out))  # the kernel's views (module doc)
@@ -264,7 +271,7 @@ def _quantize_and_launch(q, k, v, out, lse, causal, softmax_scale, pow2, epsilon
         base + ws.k_scale, base + ws.v8t, base + ws.v_scale, cu_chunks.data_ptr(),
         cu_vt.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ws.vt_width, ws.num_chunks,
-        bool(causal), float(softmax_scale), bool(leaky), *_strides(v, out),
+        int(causal), float(softmax_scale), bool(leaky), *_strides(v, out),
     )  # fmt: skip
 
 
@@ -334,12 +341,13 @@ def launch(
     ops: Operands,
     out: torch.Tensor,
     lse: torch.Tensor,
-    causal: bool,
+    causal: int,
     softmax_scale,
     fp8_v_everywhere: bool = False,
 ):
     """Run the kernel on quantized operands into out [b, s_q, h, d] in v's dtype (a bshd view with
-    kernel_view's strides) and lse [h, t_q].
+    kernel_view's strides) and lse [h, t_q]. causal: 0 no mask, 1 causal (top-left; True), 2
+    causal bottom-right.
     fp8_v_everywhere: the LEAKY variant (benchmarks and negative controls only)."""
     batch, s_q, heads, d = out.shape
     s_kv, heads_kv = ops.v.shape[1], ops.v.shape[2]
@@ -351,7 +359,7 @@ def launch(
         ops.v8t.data_ptr(), ops.v_scale.data_ptr(), ops.cu_chunks.data_ptr(),
         ops.cu_vt.data_ptr(), ops.v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         batch, s_q, s_kv, heads, heads_kv, d, ops.v8t.shape[-1], ops.v_scale.shape[-1],
-        bool(causal), float(softmax_scale), bool(fp8_v_everywhere), *_strides(ops.v, out),
+        int(causal), float(softmax_scale), bool(fp8_v_everywhere), *_strides(ops.v, out),
     )  # fmt: skip
 
 

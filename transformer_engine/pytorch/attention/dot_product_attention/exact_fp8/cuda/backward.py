@@ -3,8 +3,9 @@
     dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
-subset the CUDA forward runs (bshd or sbhd, bf16 or fp16, d = 128, current scaling, causal or no
-mask, MHA or GQA; cuda.attention.unsupported_reason decides). The kernels read V and dO and write the
+subset the CUDA forward runs (bshd or sbhd, bf16 or fp16, d = 128, current scaling, causal
+(top-left) or no mask, MHA or GQA; cuda.attention.unsupported_reason decides; a
+causal_bottom_right call runs the Triton backward). The kernels read V and dO and write the
 gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
 copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
 bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
@@ -49,6 +50,8 @@ def backward_supported(q, k, v, **kwargs) -> Optional[str]:
         if kwargs.get(name):
             return f"{name} belongs to the Triton backward"
     forward = {n: x for n, x in kwargs.items() if n not in ("launch_config", "unguarded")}
+    if forward.get("attn_mask_type") == "causal_bottom_right":  # the forward runs it
+        return "the CUDA backward runs causal (top-left) and no_mask, not causal_bottom_right"
     return unsupported_reason(q, k, v, **forward)
 
 
