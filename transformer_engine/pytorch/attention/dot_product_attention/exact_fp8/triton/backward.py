@@ -16,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .attention import _check_inputs, _d_contiguous, _layout_strides, _quantize_k, _sequences
+from ..sequences import sequences
+from .attention import _check_inputs, _d_contiguous, _layout_strides, _quantize_k
 from .backward_kernel import (
     backward_dkdv_kernel,
     backward_dq_kernel,
@@ -102,7 +103,7 @@ def exact_fp8_attention_backward(
     check_forward_outputs(q, out, d_out, lse, t_q)
     if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
         raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
-    seqs = _sequences(
+    seqs = sequences(
         q, k, qkv_format, attn_mask_type, cu_seqlens_q, cu_seqlens_kv,
         cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
     )  # fmt: skip
@@ -154,7 +155,7 @@ def row_statistics(
     """(D, LSE2), fp32 [h, t_q] each, of a dense (bshd or sbhd) call: D = rowsum(dO * O) over
     the elements where dO != 0 and LSE2 = LSE * log2(e) (+inf where LSE = -inf), as every
     backward of this package reads them (backward_preprocess_kernel); for the CUDA backward."""
-    seqs = _sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
+    seqs = sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
     return _preprocess(_d_contiguous(out), _d_contiguous(d_out), lse, seqs, qkv_format)
 
 
