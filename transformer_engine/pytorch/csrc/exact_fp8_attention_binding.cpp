@@ -29,7 +29,8 @@ NVTEExactFP8AttentionSm90Args attention_args(
     uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
     int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, int64_t causal,
     float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-    int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype) {
+    int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, int64_t window_left,
+    int64_t window_right) {
   NVTEExactFP8AttentionSm90Args a{};
   a.q8 = reinterpret_cast<const void *>(q8);
   a.q_scale = reinterpret_cast<const float *>(q_scale);
@@ -58,6 +59,9 @@ NVTEExactFP8AttentionSm90Args attention_args(
   a.out_stride_batch = out_stride_batch;
   a.out_stride_seq = out_stride_seq;
   a.dtype = static_cast<int32_t>(dtype);
+  a.sliding_window = window_left >= 0 || window_right >= 0 ? 1 : 0;  // -1, -1: none
+  a.window_left = static_cast<int32_t>(window_left);
+  a.window_right = static_cast<int32_t>(window_right);
   return a;
 }
 
@@ -78,12 +82,21 @@ void register_exact_fp8_attention(py::module_ &m) {
          uintptr_t lse, int64_t batch, int64_t seqlen_q, int64_t seqlen_kv, int64_t heads,
          int64_t heads_kv, int64_t head_dim, int64_t vt_width, int64_t num_chunks, int64_t causal,
          float softmax_scale, bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
-        const NVTEExactFP8AttentionSm90Args a = attention_args(
+         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t cu_seqlens_q,
+         uintptr_t cu_seqlens_kv, uintptr_t seq_starts_q, uintptr_t seq_starts_kv,
+         int64_t tokens_q, int64_t tokens_kv, int64_t window_left, int64_t window_right,
+         uintptr_t stream) {
+        NVTEExactFP8AttentionSm90Args a = attention_args(
             q8, q_scale, k8, k_scale, v8t, v_scale, cu_chunks, cu_vt, v, out, lse, batch,
             seqlen_q, seqlen_kv, heads, heads_kv, head_dim, vt_width, num_chunks, causal,
             softmax_scale, fp8_v_everywhere, v_stride_batch, v_stride_seq, out_stride_batch,
-            out_stride_seq, dtype);
+            out_stride_seq, dtype, window_left, window_right);
+        a.cu_seqlens_q = reinterpret_cast<const int32_t *>(cu_seqlens_q);
+        a.cu_seqlens_kv = reinterpret_cast<const int32_t *>(cu_seqlens_kv);
+        a.seq_starts_q = reinterpret_cast<const int32_t *>(seq_starts_q);
+        a.seq_starts_kv = reinterpret_cast<const int32_t *>(seq_starts_kv);
+        a.tokens_q = tokens_q;
+        a.tokens_kv = tokens_kv;
         check(nvte_exact_fp8_attention_sm90_fwd(&a, reinterpret_cast<cudaStream_t>(stream)));
       },
       py::arg("q8"), py::arg("q_scale"), py::arg("k8"), py::arg("k_scale"), py::arg("v8t"),
@@ -92,11 +105,15 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("heads"), py::arg("heads_kv"), py::arg("head_dim"), py::arg("vt_width"),
       py::arg("num_chunks"), py::arg("causal"), py::arg("softmax_scale"),
       py::arg("fp8_v_everywhere"), py::arg("v_stride_batch"), py::arg("v_stride_seq"),
-      py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("dtype"), py::arg("stream"),
-      "Mask-exact FP8 attention forward on sm_90a (bshd views, d = 128, bf16 or fp16: dtype "
-      "0 or 1, current scaling; causal 0 no mask, 1 top-left, 2 bottom-right): out "
-      "[b, s_q, h, d] in that dtype (element strides of its batch "
-      "and sequence dims, 0: contiguous), lse [h, b * s_q] fp32; v likewise; fp8_v_everywhere: "
+      py::arg("out_stride_batch"), py::arg("out_stride_seq"), py::arg("dtype"),
+      py::arg("cu_seqlens_q"), py::arg("cu_seqlens_kv"), py::arg("seq_starts_q"),
+      py::arg("seq_starts_kv"), py::arg("tokens_q"), py::arg("tokens_kv"), py::arg("window_left"),
+      py::arg("window_right"), py::arg("stream"),
+      "Mask-exact FP8 attention forward on sm_90a (bshd views or thd, d = 128, bf16 or fp16: "
+      "dtype 0 or 1, current scaling; causal 0 none, 1 top-left, 2 bottom-right; a sliding "
+      "window, -1 for an unbounded side; cu_seqlens (0: dense), seq_starts and tokens (thd; 0: "
+      "dense)): out [b, s_q, h, d] or [t_q, h, d] in that dtype (element strides of its batch "
+      "and sequence dims, 0: contiguous), lse [h, t_q] fp32; v likewise; fp8_v_everywhere: "
       "the LEAKY benchmark and negative-control mode (bf16). See exact_fp8_attention_sm90.h.");
   m.def(
       "attention_sm90_fwd_quantizing",
@@ -108,7 +125,8 @@ void register_exact_fp8_attention(py::module_ &m) {
          int64_t seqlen_q, int64_t seqlen_kv, int64_t heads, int64_t heads_kv, int64_t head_dim,
          int64_t vt_width, int64_t num_chunks, int64_t causal, float softmax_scale,
          bool fp8_v_everywhere, int64_t v_stride_batch, int64_t v_stride_seq,
-         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, uintptr_t stream) {
+         int64_t out_stride_batch, int64_t out_stride_seq, int64_t dtype, int64_t window_left,
+         int64_t window_right, uintptr_t stream) {
         NVTEExactFP8AttentionSm90QuantizingArgs a{};
         using exact_fp8_binding::token_view;
         const auto type = static_cast<NVTEExactFP8DType>(dtype);
@@ -122,12 +140,14 @@ void register_exact_fp8_attention(py::module_ &m) {
                                      out, lse, batch, seqlen_q, seqlen_kv, heads, heads_kv,
                                      head_dim, vt_width, num_chunks, causal, softmax_scale,
                                      fp8_v_everywhere, v_stride_batch, v_stride_seq,
-                                     out_stride_batch, out_stride_seq, dtype);
+                                     out_stride_batch, out_stride_seq, dtype, window_left,
+                                     window_right);
         check(nvte_exact_fp8_attention_sm90_fwd_quantizing(
             &a, reinterpret_cast<cudaStream_t>(stream)));
       },
-      "The forward from bf16 or fp16 (dtype 0 or 1) q (bshd view: element strides) and k "
-      "(same) and v (batch and sequence strides, 0: contiguous): "
+      "The forward of dense samples from bf16 or fp16 (dtype 0 or 1) q (bshd view: element "
+      "strides) and k (same) and v (batch and sequence strides, 0: contiguous), a sliding "
+      "window (-1: an unbounded side): "
       "the Q, K and V casts into the given buffers, then attention_sm90_fwd, in one call "
       "(positional arguments only: the host time of small calls). See "
       "nvte_exact_fp8_attention_sm90_fwd_quantizing in exact_fp8_attention_sm90.h.");

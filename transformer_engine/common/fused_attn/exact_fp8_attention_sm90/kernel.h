@@ -2,8 +2,8 @@
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
  * whose softmax runs while the other's WGMMAs have the tensor cores.
  *
- * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three
- * warpgroups (384 threads).
+ * Grid: (sequences * h, query tiles of the longest sequence), causal tiles longest first across
+ * all heads. Block: three warpgroups (384 threads).
  *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
  *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
  *     barriers; setmaxnreg gives its registers to the consumers.
@@ -54,9 +54,10 @@ struct Consumer {
   using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   AttentionParams const &p;
+  Sequence const &seq;
   typename Traits::SharedStorage &ss;
   int mma_thread;  // 0..255: the thread's index in the tiled MMAs
-  int batch, head, kv_head, q0;
+  int head, q_tile;
 
   CUTLASS_DEVICE void run(KVTileRange const &range) {
     typename Traits::MmaQK mma_qk;
@@ -83,7 +84,8 @@ struct Consumer {
     static_assert(decltype(size(tSrS))::value == 64 && decltype(size(tOrO))::value == 64);
     clear(tOrO);
 
-    ScoreScales scales(p, tScS, batch, head, q0);
+    const int q0 = q_tile * kQTile;
+    ScoreScales scales(p, seq, tScS, head, q0);
     OnlineSoftmax softmax;
     softmax.init();
     float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
@@ -154,20 +156,22 @@ struct Consumer {
       issue_pv(visit, boundary);
     };
 
-    if (range.num_tiles == 0) {
-      store_output<Element>(p, softmax, u, tOrO, tOcO, batch, head, q0);
+    if (q_tile == 0) store_rows_past_grid(p, seq, head, mma_thread);  // thd padding only
+    const int num_tiles = range.num_tiles();
+    if (num_tiles == 0) {  // no real row sees a key: zeros and -inf
+      store_output<Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
       return;
     }
     Barrier::wait(&ss.bar_q, 0);
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
-    const int num_boundary = range.num_tiles - range.num_fp8;
+    const int num_boundary = range.num_boundary();
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
-    for (int visit = num_boundary; visit < range.num_tiles; ++visit) {
+    for (int visit = num_boundary; visit < num_tiles; ++visit) {
       visit_step(visit, cute::false_type{});
     }
-    add_pv(range.num_tiles - 1);
-    store_output<Element>(p, softmax, u, tOrO, tOcO, batch, head, q0);
+    add_pv(num_tiles - 1);
+    store_output<Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
   }
 };
 
@@ -185,15 +189,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   AttentionParams const &p = kp.p;
 
   const int warpgroup = threadIdx.x / 128;
-  // CTAs start in blockIdx order, x fastest: every (sample, head)'s longest causal tile first.
-  const int q_tile = p.causal ? p.num_q_tiles - 1 - blockIdx.y : blockIdx.y;
-  const int batch = blockIdx.x / p.heads;
+  const int batch = blockIdx.x / p.heads;  // the sequence
   const int head = blockIdx.x % p.heads;
   const int kv_head = head / (p.heads / p.heads_kv);
-  const KVTileRange range = kv_tile_range(p, q_tile);
+  const Sequence seq = Sequence::load(p, batch);
+  // CTAs start in blockIdx order, x fastest: under a mask with a right bound (a causal one),
+  // where a query tile's work grows with its rows, every sequence's longest tile first.
+  const int real_tiles = (seq.len_q + kQTile - 1) / kQTile;
+  const int y = blockIdx.y;
+  const int q_tile = p.window_right != kUnbounded && y < real_tiles ? real_tiles - 1 - y : y;
+  if (q_tile * kQTile >= seq.span_q) return;  // past the sequence's allocation: nothing to write
+  const KVTileRange range = kv_tile_range(p, seq, q_tile);
+  // The visit whose V the second producer warp zeroes past len_kv (mainloop.h; the leaky
+  // variant reads V8^T only and runs dense samples only)
+  const int tail = kFp8VEverywhere ? -1 : tail_visit(p, seq, range);
 
   if (threadIdx.x == 0) {
     Barrier::init(&ss.bar_q, 1);
+    Barrier::init(&ss.bar_v_tail, 1);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
@@ -208,13 +221,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x < 32) {
-      Producer producer{kp, ss, batch, kv_head, p.cu_vt[batch]};
-      producer.run<kFp8VEverywhere>(head, q_tile, range);
+      Producer producer{kp, ss, seq, batch, kv_head, p.cu_vt[batch]};
+      producer.run<kFp8VEverywhere>(head, q_tile, range, tail);
+    } else if (threadIdx.x < 64) {
+      zero_v_tail(ss, tail, seq.len_kv % kKVTile);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<kFp8VEverywhere, Element> consumer{p, ss, static_cast<int>(threadIdx.x) - 128,
-                                                batch, head, kv_head, q_tile * kQTile};
+    Consumer<kFp8VEverywhere, Element> consumer{p, seq, ss, static_cast<int>(threadIdx.x) - 128,
+                                                head, q_tile};
     consumer.run(range);
   }
 #endif

@@ -14,7 +14,7 @@
  *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
  *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    96 KiB
  *   K scales [3 stages][128] fp32                                            1.5 KiB
- *   barriers: Q; per stage K full / empty and V full / empty                  ~0
+ *   barriers: Q; per stage K full / empty and V full / empty; the tail V      ~0
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
@@ -38,8 +38,11 @@ constexpr int kStages = 3;
 constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
-constexpr int kProducerRegisters = 24;                  // setmaxnreg of the producer warpgroup
-constexpr int kConsumerRegisters = 240;                 // setmaxnreg of a consumer warpgroup
+// setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
+// geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24; the consumers
+// compile without spills down to 224 (checked with ptxas, 2026-12-05).
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
 constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
 // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
 // 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
@@ -101,8 +104,16 @@ struct KernelTraits {
     alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived
     alignas(8) uint64_t bar_k_empty[kStages];   // every consumer thread is done with the K8
     alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
+    alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
   };
 };
+
+// Byte offset in a SmemLayoutV16 tile of the 128-byte row that holds key `key`'s d values
+// 64 half .. 64 half + 63 (an SW128 atom's row: its swizzle permutes the row's 16-byte chunks
+// only; tests/build checks that every element of the pair lies in that row).
+CUTLASS_HOST_DEVICE int v16_row_bytes(int key, int half) {
+  return static_cast<int>(KernelTraits::SmemLayoutV16{}(make_coord(64 * half, key))) / 64 * 128;
+}
 
 }  // namespace sm90
 }  // namespace exact_fp8

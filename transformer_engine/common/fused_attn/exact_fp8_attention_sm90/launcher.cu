@@ -26,6 +26,37 @@ NVTEExactFP8Status fail(NVTEExactFP8Status status, const std::string &message) {
 
 bool aligned16(const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+bool is_thd(const NVTEExactFP8AttentionSm90Args &a) { return a.seq_starts_q != nullptr; }
+
+/* Rows of Q8 / K8 (and their scales, the LSE): the pack's tokens (thd) or batch * seqlen. */
+int64_t tokens_q(const NVTEExactFP8AttentionSm90Args &a) {
+  return is_thd(a) ? a.tokens_q : a.batch * a.seqlen_q;
+}
+int64_t tokens_kv(const NVTEExactFP8AttentionSm90Args &a) {
+  return is_thd(a) ? a.tokens_kv : a.batch * a.seqlen_kv;
+}
+
+std::string check_sequences(const NVTEExactFP8AttentionSm90Args &a) {
+  if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_kv == nullptr)) {
+    return "cu_seqlens_q and cu_seqlens_kv go together";
+  }
+  if ((a.seq_starts_q == nullptr) != (a.seq_starts_kv == nullptr)) {
+    return "seq_starts_q and seq_starts_kv go together";
+  }
+  if (is_thd(a) && a.cu_seqlens_q == nullptr) return "thd (seq_starts_*) needs cu_seqlens_q/kv";
+  if (is_thd(a) && (a.tokens_q < 1 || a.tokens_kv < 0)) {
+    return "thd needs tokens_q >= 1 and tokens_kv >= 0";
+  }
+  if (!is_thd(a) && (a.tokens_q != 0 || a.tokens_kv != 0)) {
+    return "tokens_q and tokens_kv are thd's (0 for dense samples)";
+  }
+  if (a.sliding_window != 0 && a.sliding_window != 1) return "sliding_window must be 0 or 1";
+  if (a.sliding_window && (a.window_left < -1 || a.window_right < -1)) {
+    return "window sides must be -1 or >= 0";
+  }
+  return "";
+}
+
 std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
   if (a.batch < 1 || a.seqlen_q < 1 || a.seqlen_kv < 0 || a.heads < 1 || a.heads_kv < 1) {
@@ -33,6 +64,8 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
   if (a.causal < 0 || a.causal > 2) return "causal must be 0, 1 or 2";
+  const std::string sequences = check_sequences(a);
+  if (!sequences.empty()) return sequences;
   if (a.fp8_v_everywhere != 0 && a.fp8_v_everywhere != 1) return "fp8_v_everywhere must be 0 or 1";
   if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
     return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
@@ -41,16 +74,17 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
     return "fp8_v_everywhere (the leaky variant) is built for bf16 only";
   }
   // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
-  // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles only.
-  if (a.fp8_v_everywhere && a.seqlen_kv % kKVTile != 0) {
-    return "fp8_v_everywhere needs seqlen_kv a multiple of 128, got " +
-           std::to_string(a.seqlen_kv);
+  // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles of dense samples only.
+  if (a.fp8_v_everywhere &&
+      (a.seqlen_kv % kKVTile != 0 || a.cu_seqlens_q != nullptr || a.sliding_window != 0)) {
+    return "fp8_v_everywhere needs dense samples without cu_seqlens or window and seqlen_kv a "
+           "multiple of 128, got seqlen_kv " + std::to_string(a.seqlen_kv);
   }
   if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
   const int64_t limit = INT32_MAX;
-  if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > limit ||
+  if (tokens_q(a) > limit || tokens_kv(a) > limit || a.heads * a.batch > limit ||
       (a.seqlen_q + kQTile - 1) / kQTile > 65535) {
-    return "b * s, b * h or s_q out of range (b * s < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
+    return "tokens, b * h or s_q out of range (t < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
   }
   if (!a.q8 || !a.q_scale || !a.k8 || !a.k_scale || !a.v8t || !a.v_scale || !a.cu_chunks ||
       !a.cu_vt || !a.v || !a.out || !a.lse) {
@@ -103,13 +137,18 @@ NVTEExactFP8Status cast_failed(NVTEExactFP8Status status, const char *what) {
 NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
   using Fp8 = KernelTraits::Fp8;
   using Bf16 = KernelTraits::Bf16;
+  const bool thd = is_thd(a);
   const int32_t b = static_cast<int32_t>(a.batch), h = static_cast<int32_t>(a.heads);
   const int32_t h_kv = static_cast<int32_t>(a.heads_kv);
-  const int32_t s_q = static_cast<int32_t>(a.seqlen_q), s_kv = static_cast<int32_t>(a.seqlen_kv);
-  const int32_t t_q = b * s_q, t_kv = b * s_kv, width = static_cast<int32_t>(a.vt_width);
-  // A sample without keys still gets well-formed descriptors (of one zero-size-free tile);
-  // no tile of it is ever loaded.
-  const int32_t t_kv_desc = t_kv > 0 ? t_kv : 1, s_kv_desc = s_kv > 0 ? s_kv : 1;
+  const int32_t s_q = static_cast<int32_t>(a.seqlen_q);
+  const int32_t s_kv = thd ? 0 : static_cast<int32_t>(a.seqlen_kv);
+  const int32_t t_q = static_cast<int32_t>(tokens_q(a));
+  const int32_t t_kv = static_cast<int32_t>(tokens_kv(a));
+  const int32_t width = static_cast<int32_t>(a.vt_width);
+  // Without keys the descriptors still cover one row; no tile of them is ever loaded.
+  const int32_t t_kv_desc = t_kv > 0 ? t_kv : 1;
+  // V's tensor map: (d, rows, h_kv, samples) = (d, s_kv, h_kv, b) dense, (d, t_kv, h_kv, 1) thd
+  const int32_t v_rows = thd ? t_kv_desc : (s_kv > 0 ? s_kv : 1), v_samples = thd ? 1 : b;
 
   KernelParams kp{};
   AttentionParams &p = kp.p;
@@ -118,22 +157,35 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   p.v_scale = a.v_scale;
   p.cu_chunks = a.cu_chunks;
   p.cu_vt = a.cu_vt;
+  p.cu_q = a.cu_seqlens_q;
+  p.cu_kv = a.cu_seqlens_kv;
+  p.start_q = a.seq_starts_q;
+  p.start_kv = a.seq_starts_kv;
   p.out = a.out;
   p.lse = a.lse;
   p.batch = b;
   p.seqlen_q = s_q;
   p.seqlen_kv = s_kv;
+  p.tokens_q = t_q;
+  p.tokens_kv = t_kv;
   p.heads = h;
   p.heads_kv = h_kv;
   p.num_chunks = static_cast<int>(a.num_chunks);
   p.out_stride_seq = a.out_stride_seq ? a.out_stride_seq : a.heads * a.head_dim;
-  p.out_stride_batch = a.out_stride_batch ? a.out_stride_batch : a.seqlen_q * p.out_stride_seq;
+  p.out_stride_batch =
+      thd ? 0 : (a.out_stride_batch ? a.out_stride_batch : a.seqlen_q * p.out_stride_seq);
   p.num_q_tiles = (s_q + kQTile - 1) / kQTile;
-  p.causal = a.causal != 0;
-  p.causal_offset = a.causal == 2 ? s_kv - s_q : 0;  // bottom-right: the last rows see every key
+  // masks.allowed_positions: causal types bound the right side at 0; only top-left causal
+  // aligns the diagonal at column 0
+  const bool window = a.sliding_window != 0;
+  p.window_left = window && a.window_left >= 0 ? a.window_left : kUnbounded;
+  p.window_right =
+      a.causal != 0 ? 0 : (window && a.window_right >= 0 ? a.window_right : kUnbounded);
+  p.bottom_right = a.causal != 1;
+  p.zero_v_tail = a.cu_seqlens_kv != nullptr;
   p.scale_log2 = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634);
-  kp.t_q = t_q;
-  kp.t_kv = t_kv;
+  kp.v_rows = v_rows;
+  kp.v_samples = v_samples;
   kp.vt_width = width;
 
   using G = GmemLayouts;
@@ -149,12 +201,15 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
                          G::ShapeRows{kHeadDim, width, h_kv},
                          G::StrideVt{int64_t(width), _1{}, d * width});
-  // V [b, s_kv, h_kv, d] bf16 or fp16 (its strides) as (d, s_kv, h_kv, b): the tensor map
-  // moves 16-bit words as they are (GmemLayouts::TmaV16), so one serves both dtypes
-  const int64_t v_sb = a.v_stride_batch ? a.v_stride_batch : int64_t(s_kv_desc) * h_kv * d;
+  // V [b, s_kv, h_kv, d] or [t_kv, h_kv, d], bf16 or fp16 (its strides), as (d, rows, h_kv,
+  // samples): the tensor map moves 16-bit words as they are (GmemLayouts::TmaV16), so one
+  // serves both dtypes
+  const int64_t v_ss = v_stride_seq(a);
+  const int64_t v_sb = thd ? int64_t(v_rows) * v_ss
+                           : (a.v_stride_batch ? a.v_stride_batch : int64_t(v_rows) * h_kv * d);
   auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
-                        G::ShapeV{kHeadDim, s_kv_desc, h_kv, b},
-                        G::StrideV{_1{}, v_stride_seq(a), d, v_sb});
+                        G::ShapeV{kHeadDim, v_rows, h_kv, v_samples},
+                        G::StrideV{_1{}, v_ss, d, v_sb});
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, KernelTraits::SmemLayoutFp8{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, KernelTraits::SmemLayoutFp8{});
   kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, KernelTraits::SmemLayoutFp8{});
@@ -207,6 +262,9 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
   if (args == nullptr) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, "args is null");
   const NVTEExactFP8AttentionSm90Args &a = args->attention;
   std::string problem = s::check(a);
+  if (problem.empty() && (a.cu_seqlens_q != nullptr || a.seq_starts_q != nullptr)) {
+    problem = "the quantizing forward runs dense samples (cu_seqlens and seq_starts null)";
+  }
   if (problem.empty()) {
     problem = s::check_view(args->q, "q", a.dtype, a.batch, a.seqlen_q, a.heads, a.head_dim);
   }

@@ -55,25 +55,32 @@ CUTLASS_DEVICE float fast_exp2(float x) {
 
 // The column-scaled scores of one consumer warpgroup (Note [Mask-exact FP8 scaling]):
 //   t[r, n] = (Q8 . K8^T)[r, n] * k_scale[n],  -inf where a boundary tile's element-wise mask
-//   hides (r, n) (keys past s_kv, the causal diagonal); and of the thread's two rows
-//   row_scale[r] = q_scale[r] * softmax_scale * log2(e) > 0, which OnlineSoftmax folds into its
-//   exponent (1 for rows past s_q: they are computed and never stored).
+//   hides (r, n) (params.h: keys past len_kv, the causal diagonal, a window's edges); and of the
+//   thread's two rows row_scale[r] = q_scale[r] * softmax_scale * log2(e) > 0, which
+//   OnlineSoftmax folds into its exponent (1 for rows past len_q: they are computed and never
+//   stored).
 struct ScoreScales {
-  AttentionParams const &p;
   float row_scale[2];  // of the thread's two rows
-  int last_key[2];     // the last key each may see: s_kv - 1, or row + causal_offset if less
+  // The keys each row sees, [first_key, first_key + num_keys): one unsigned compare per score,
+  // (unsigned)(key - first_key) < num_keys (num_keys 0 for a row past len_q).
+  int first_key[2];
+  uint32_t num_keys[2];
 
   template <class CoordS>
-  CUTLASS_DEVICE ScoreScales(AttentionParams const &p_, CoordS const &tScS, int batch, int head,
-                             int q0)
-      : p(p_) {
-    const int64_t t_q = static_cast<int64_t>(p.batch) * p.seqlen_q;
-    const float *q_scale = p.q_scale + head * t_q + static_cast<int64_t>(batch) * p.seqlen_q;
+  CUTLASS_DEVICE ScoreScales(AttentionParams const &p, Sequence const &s, CoordS const &tScS,
+                             int head, int q0) {
+    const float *q_scale = p.q_scale + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q0 + get<0>(tScS(2 * h));
-      row_scale[h] = row < p.seqlen_q ? q_scale[row] * p.scale_log2 : 1.0f;
-      last_key[h] = p.causal ? min(row + p.causal_offset, p.seqlen_kv - 1) : p.seqlen_kv - 1;
+      const bool real = row < s.len_q;
+      row_scale[h] = real ? q_scale[row] * p.scale_log2 : 1.0f;
+      // int64: the window sides may be kUnbounded
+      const int64_t first = max(static_cast<int64_t>(row) + s.diag - p.window_left, int64_t(0));
+      const int64_t last = min(static_cast<int64_t>(row) + s.diag + p.window_right,
+                               static_cast<int64_t>(s.len_kv) - 1);
+      first_key[h] = static_cast<int>(first);
+      num_keys[h] = real && last >= first ? static_cast<uint32_t>(last - first + 1) : 0u;
     }
   }
 
@@ -105,7 +112,8 @@ struct ScoreScales {
         float t = tSrS(v) * ((i & 1) ? ks.y : ks.x);
         if constexpr (kBoundary) {
           const int key = key0 + get<1>(tScS(v));
-          t = key <= last_key[h] ? t : -INFINITY;  // one compare: the mask and the real keys
+          const bool seen = static_cast<uint32_t>(key - first_key[h]) < num_keys[h];
+          t = seen ? t : -INFINITY;  // a select: NaN scores of hidden keys never pass
         }
         tSrS(v) = t;
       }

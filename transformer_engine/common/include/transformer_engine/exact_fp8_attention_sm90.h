@@ -5,7 +5,8 @@
  *
  * What the kernels run (docs/attention_kernel_sm90.md): bshd views (sbhd through their
  * strides), d = 128, bf16 or fp16 Q/K/V/O (the `dtype` fields), current scaling (rules v2),
- * causal (top-left; the forward also bottom-right) or no mask, MHA and GQA. The numerics are those of Note [Mask-exact FP8
+ * causal (top-left) or no mask, MHA and GQA; the forward also thd, padding masks (cu_seqlens),
+ * causal bottom-right and sliding windows. The numerics are those of Note [Mask-exact FP8
  * scaling] and Note [V scale in the rescale] (exact_fp8/formats.py). Q, K and V arrive quantized
  * by the fork's quantization kernels (exact_fp8_quantize.h), or unquantized to
  * nvte_exact_fp8_attention_sm90_fwd_quantizing, which runs those casts first.
@@ -30,8 +31,17 @@ extern "C" {
 #define NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM 128
 
 /*
- * Device arrays of one forward call (all contiguous, row-major as the shapes read; t_q = batch *
- * seqlen_q and t_kv = batch * seqlen_kv count tokens in (b, s) order).
+ * Device arrays of one forward call (all contiguous, row-major as the shapes read). Dense
+ * samples (bshd views): t_q = batch * seqlen_q and t_kv = batch * seqlen_kv count tokens in
+ * (b, s) order. thd (seq_starts_q and seq_starts_kv given): `batch` sequences packed into
+ * t_q = tokens_q and t_kv = tokens_kv tokens, q, k, v and out as [t, heads, d].
+ *
+ * Masks (exact_fp8/masks.py, TE's names): row i of a sequence with len_q queries and len_kv keys
+ * (cu_seqlens_q / cu_seqlens_kv, or all of them) sees key j iff j < len_kv and
+ *   i + diag - window_left <= j <= i + diag + window_right  (a side of -1, or no
+ *                                                           sliding_window: unbounded),
+ * diag = 0 for causal 1 (top-left), len_kv - len_q otherwise (TE's bottom-right alignment);
+ * causal 1 and 2 bound the right side at 0. Rows i >= len_q (padding) get O = 0, LSE = -inf.
  */
 typedef struct {
   const void *q8;          /* [heads, t_q, d] E4M3, Q per token (per_token_cast_to_fp8)       */
@@ -55,13 +65,14 @@ typedef struct {
   int64_t head_dim;
   int64_t vt_width;   /* columns of V8^T (a multiple of 16) */
   int64_t num_chunks; /* columns of v_scale */
-  int32_t causal;     /* 0: no mask, 1: causal (top-left: row i sees keys j <= i), 2: causal
-                         bottom-right (j <= i + seqlen_kv - seqlen_q) */
+  int32_t causal;     /* 0: no causal bound, 1: causal (top-left: row i sees keys j <= i), 2: causal
+                         bottom-right (j <= i + len_kv - len_q) */
   float softmax_scale;
   int32_t fp8_v_everywhere; /* 0: the mask-exact rules. 1: LEAKY, for benchmarks and negative
                                controls only: boundary tiles keep their element-wise mask but
                                use E4M3 P and V8^T with its chunk scale, which hidden keys
-                               enter; seqlen_kv must be a multiple of 128 */
+                               enter; dense samples without cu_seqlens or window, seqlen_kv a
+                               multiple of 128 */
   /* Element strides of v's and out's batch and sequence dims (heads d apart, d contiguous):
      0 for the contiguous bshd layout's; sbhd views pass theirs. Multiples of 8 (TMA). */
   int64_t v_stride_batch;
@@ -71,6 +82,20 @@ typedef struct {
   int32_t dtype; /* NVTEExactFP8DType of v and out (and of the quantizing forward's q and k):
                     NVTE_EXACT_FP8_BFLOAT16 (0) or NVTE_EXACT_FP8_FLOAT16; the leaky variant
                     is bf16 only */
+  /* Sequences: all null for dense samples of seqlen_q / seqlen_kv real tokens each. */
+  const int32_t *cu_seqlens_q;  /* [batch + 1] int32: cumulative real query lengths (a padding
+                                   mask's, or thd's; with cu_seqlens_kv)                      */
+  const int32_t *cu_seqlens_kv; /* [batch + 1] int32: of the keys                              */
+  const int32_t *seq_starts_q;  /* thd: [batch + 1] int32, each sequence's first token (TE's
+                                   cu_seqlens_q_padded, or cu_seqlens_q); null: dense samples */
+  const int32_t *seq_starts_kv; /* thd: of the keys (with seq_starts_q)                       */
+  int64_t tokens_q;  /* thd: t_q (then seqlen_q: the rows per sequence the grid covers, at least
+                        the longest real length; rows of an allocation past them are written
+                        0 / -inf too; out_stride_batch is not read); dense: 0                  */
+  int64_t tokens_kv; /* thd: t_kv (then seqlen_kv is not read); dense: 0                       */
+  int32_t sliding_window; /* 0: none (a zeroed struct's); 1: window_left / window_right apply */
+  int32_t window_left;  /* TE's window_size: -1 unbounded, or >= 0                             */
+  int32_t window_right; /* -1 unbounded, or >= 0; causal 1 and 2 take 0 whatever it is         */
 } NVTEExactFP8AttentionSm90Args;
 
 /* Whether this library was built with the sm_90a kernel (1) or without it (0). */
@@ -97,7 +122,8 @@ typedef struct {
    * shapes above); v: the contiguous V that the V cast reads and the boundary tiles use;
    * cu_chunks: n * ceil(seqlen_kv / 128); cu_vt: n * seqlen_kv, or n times seqlen_kv rounded
    * up to 32 when batch > 1 and seqlen_kv % 16 != 0 (the aligned layout, whose columns the V
-   * cast then writes). vt_width, num_chunks: of those layouts. */
+   * cast then writes). vt_width, num_chunks: of those layouts. Dense samples only: the
+   * sequence fields are null (a padding mask or thd runs the casts, then the forward). */
   NVTEExactFP8AttentionSm90Args attention;
 } NVTEExactFP8AttentionSm90QuantizingArgs;
 

@@ -42,6 +42,10 @@ def extension_has_backward() -> bool:
     return quantize._ext is not None and hasattr(quantize._ext, _SYMBOL)
 
 
+# The masks of the CUDA backward, with the window sizes that mean no window under each.
+_MASKS = {"causal": ((-1, -1), (-1, 0)), "no_mask": ((-1, -1),)}
+
+
 def backward_supported(q, k, v, **kwargs) -> Optional[str]:
     """Why the CUDA backward does not run this call (the forward call's arguments), or None."""
     if not extension_has_backward():
@@ -50,9 +54,17 @@ def backward_supported(q, k, v, **kwargs) -> Optional[str]:
         if kwargs.get(name):
             return f"{name} belongs to the Triton backward"
     forward = {n: x for n, x in kwargs.items() if n not in ("launch_config", "unguarded")}
-    if forward.get("attn_mask_type") == "causal_bottom_right":  # the forward runs it
-        return "the CUDA backward runs causal (top-left) and no_mask, not causal_bottom_right"
+    # The forward runs the calls below too; their backward is the Triton kernels'.
+    mask = forward.get("attn_mask_type", "causal")
+    if mask not in _MASKS:
+        return f"the CUDA backward runs {' and '.join(_MASKS)}, not {mask}"
+    if forward.get("qkv_format") == "thd":
+        return "the CUDA backward runs dense samples (bshd, sbhd), not thd"
+    window = forward.get("window_size")
+    if window is not None and tuple(window) not in _MASKS[mask]:
+        return f"the CUDA backward runs no sliding window, got window_size {tuple(window)}"
     return unsupported_reason(q, k, v, **forward)
+
 
 
 def exact_fp8_attention_backward(
