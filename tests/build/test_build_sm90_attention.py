@@ -67,6 +67,26 @@ def test_tensor_maps_are_encoded_through_the_modules_own_entry_point(compiled, t
     assert " GLOBAL " in line and " HIDDEN " in line and " UND " not in line, line
 
 
+def test_c_api_refuses_invalid_calls_before_device_work(compiled, tmp_path):
+    """The forward's C API checks (sequences, windows, the leaky variant's limits, the quantizing
+    forward's dense-only rule) return NVTE_EXACT_FP8_INVALID_ARGUMENT with their messages before
+    any cast, tensor map or launch: c_api_check.cu, a host program linked against the compiled
+    launcher (no GPU)."""
+    obj, _ = compiled
+    exe = tmp_path / "c_api_check"
+    source = cmake_build.REPO_ROOT / "tests" / "build" / "c_api_check.cu"
+    cmd = [
+        str(env.find_nvcc()),
+        "-std=c++17",
+        f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}",
+    ]
+    result = subprocess.run(cmd + [str(source), str(obj), "-o", str(exe)], capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:]
+
+
 @pytest.fixture(scope="module")
 def compiled_backward(tmp_path_factory):
     """(object file, nvcc's output with ptxas -v) of the backward kernels for sm_90a."""
@@ -109,9 +129,10 @@ def _run_host_check(tmp_path, name):
 
 
 def test_forward_kv_tile_ranges_follow_the_masks(tmp_path):
-    """kv_tile_range (which KV tiles a query tile visits, which of them use FP8 V) against the
-    masks, brute force over lengths and the three masks, bottom-right causal among them
-    (forward_tile_check.cu, a host program: no GPU)."""
+    """kv_tile_range (which KV tiles a query tile visits, which of them use FP8 V), the visit
+    order, the element-wise mask, the tail visit whose V is zeroed past the sequence and the
+    rows that zeroing clears, against the masks: brute force over lengths, causal types,
+    windows and padding (forward_tile_check.cu, a host program: no GPU)."""
     _run_host_check(tmp_path, "forward_tile_check")
 
 

@@ -163,9 +163,9 @@ def test_auto_choice_sends_a_leaky_call_the_cuda_kernel_refuses_to_triton(monkey
     "change,match",
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
-        (dict(qkv_format="thd"), "qkv_format 'thd'"),
-        (dict(attn_mask_type="padding"), "attn_mask_type 'padding'"),
-        (dict(window_size=(64, 0)), "window_size \\(64, 0\\)"),
+        (dict(qkv_format="thd"), "thd needs cu_seqlens_q and cu_seqlens_kv"),
+        (dict(fp8_v_everywhere=True, attn_mask_type="padding"), "leaky variant"),
+        (dict(fp8_v_everywhere=True, window_size=(64, 0)), "leaky variant"),
     ],
 )
 def test_cuda_backend_refuses_what_it_does_not_run(change, match):
@@ -201,8 +201,6 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     reasons = {
         "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
-        "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="thd"),
-        "mask": attention.unsupported_reason(q, q, q, recipe="current", attn_mask_type="padding"),
         "dtype": attention.unsupported_reason(q.float(), q.float(), q.float(), recipe="current"),
         "mixed": attention.unsupported_reason(q, q.half(), q, recipe="current"),
         "leaky fp16": attention.unsupported_reason(
@@ -210,23 +208,85 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
             recipe="current",
             fp8_v_everywhere=True,
         ),
+        "leaky padding": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            attn_mask_type="padding_causal",
+            fp8_v_everywhere=True,
+        ),
+        "leaky window": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            window_size=(64, 0),
+            fp8_v_everywhere=True,
+        ),
+        "thd without cu_seqlens": attention.unsupported_reason(
+            q[0], q[0], q[0], recipe="current", qkv_format="thd"
+        ),
+        "thd 4-d": attention.unsupported_reason(
+            q, q, q, recipe="current", qkv_format="thd", cu_seqlens_q=1, cu_seqlens_kv=1
+        ),
     }
     assert "recipe 'mxfp8'" in reasons["recipe"]
-    assert "qkv_format 'thd'" in reasons["format"]
-    # sbhd is the kernel's (on bshd views): these CPU tensors fail a later check, not the format's
-    sbhd = attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd")
-    assert "qkv_format" not in sbhd and "sm90 GPU" in sbhd
-    assert "attn_mask_type 'padding'" in reasons["mask"]
     assert "bf16 or fp16, all three alike" in reasons["dtype"]
     assert "bf16 or fp16, all three alike" in reasons["mixed"]
     assert "leaky variant" in reasons["leaky fp16"] and "bf16 only" in reasons["leaky fp16"]
-    # fp16 is the kernel's: these CPU tensors fail a later check, not the dtype's
-    fp16 = attention.unsupported_reason(*(q.half(),) * 3, recipe="current")
-    assert "dtype" not in fp16 and "sm90 GPU" in fp16
+    assert "leaky variant" in reasons["leaky padding"] and "padding" in reasons["leaky padding"]
+    assert "leaky variant" in reasons["leaky window"] and "window" in reasons["leaky window"]
+    assert "thd needs cu_seqlens_q and cu_seqlens_kv" in reasons["thd without cu_seqlens"]
+    assert "thd needs 3-d q, k, v" in reasons["thd 4-d"]
+    # The kernel's formats, masks, windows, sequences and dtypes: these CPU tensors fail the
+    # device check, not one of theirs.
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    kernel_calls = {
+        "sbhd": dict(qkv_format="sbhd"),
+        "padding": dict(attn_mask_type="padding"),
+        "padding_causal_bottom_right": dict(attn_mask_type="padding_causal_bottom_right"),
+        "window": dict(attn_mask_type="causal", window_size=(64, 0)),
+        "two-sided window": dict(attn_mask_type="no_mask", window_size=(64, 3)),
+        "cu_seqlens": dict(attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu),
+        "fp16": dict(),
+    }
+    for name, kw in kernel_calls.items():
+        x = q.half() if name == "fp16" else q
+        reason = attention.unsupported_reason(x, x, x, recipe="current", **kw)
+        assert "sm90 GPU" in reason, (name, reason)
+    thd = attention.unsupported_reason(
+        q[0], q[0], q[0], recipe="current", qkv_format="thd", attn_mask_type="padding_causal",
+        cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    )  # fmt: skip
+    assert "sm90 GPU" in thd, thd
     kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
     assert "argument(s) kv_fp8" in kv
+
+
+def test_cuda_backward_refuses_what_only_the_forward_runs():
+    """Bottom-right causal, padding masks, thd and sliding windows run the CUDA forward and the
+    Triton backward: backward_supported says so before any device check."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import backward
+
+    if not backward.extension_has_backward():
+        pytest.skip("the extension was built without the sm_90a backward kernels")
+    q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    assert "cu_seqlens" in attention.unsupported_reason(q, q, q, recipe="current", cu_seqlens_q=cu)
+    refused = {
+        "causal_bottom_right": dict(attn_mask_type="causal_bottom_right"),
+        "padding": dict(attn_mask_type="padding"),
+        "padding_causal": dict(attn_mask_type="padding_causal"),
+        "window": dict(attn_mask_type="causal", window_size=(64, 0)),
+        "no_mask window": dict(attn_mask_type="no_mask", window_size=(-1, 0)),
+    }
+    for name, kw in refused.items():
+        reason = backward.backward_supported(q, q, q, recipe="current", **kw)
+        assert reason is not None and "CUDA backward" in reason, (name, reason)
+    thd = backward.backward_supported(
+        q[0], q[0], q[0], recipe="current", qkv_format="thd", attn_mask_type="causal",
+        cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    )  # fmt: skip
+    assert "thd" in thd
+    for window in (None, (-1, -1), (-1, 0)):  # no window: the device check speaks
+        reason = backward.backward_supported(q, q, q, recipe="current", window_size=window)
+        assert "CUDA backward" not in reason and "sm90 GPU" in reason, reason
 
 
 def test_last_backend_records_the_backend_that_ran(monkeypatch):

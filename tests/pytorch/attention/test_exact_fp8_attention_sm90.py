@@ -1,14 +1,17 @@
 """GPU tests of the sm_90a CUDA attention forward (exact_fp8/cuda/, the "cuda" kernel backend).
 
 The kernel has not run on hardware before these tests: tools/gpu_sm90_check.sh builds it and runs
-them first. They check, for the subset it implements (bshd and sbhd, bf16 and fp16, d = 128,
-current scaling, causal (top-left and bottom-right) / no_mask, MHA and GQA):
+them first. They check, for the subset it implements (bshd, sbhd and thd, bf16 and fp16, d = 128,
+current scaling, every mask type with and without a sliding window, MHA and GQA):
 - headline: bitwise invariance (torch.equal) of every output and LSE a mask hides from a
-  perturbation (future Q, K and V with large finite values; other samples), with a visible
-  perturbation as the control that must be seen;
+  perturbation (future Q, K and V with large finite values; other samples and sequences; keys
+  outside a window; NaN, Inf and huge values in padding), with a visible perturbation as the
+  control that must be seen;
 - accuracy against the fp64 reference, within the bound the Triton kernel's test uses;
 - agreement with the Triton kernel (the second implementation), within a stated tolerance.
 """
+
+from typing import NamedTuple, Optional
 
 import pytest
 import torch
@@ -84,8 +87,9 @@ def test_backend_is_available_and_chosen_for_what_it_runs(monkeypatch):
     q, k, v = _inputs(0, 1, 128, 128, 2, 2)
     assert kernels.choose_backend(q, k, v, recipe="current", attn_mask_type="causal") == "cuda"
     # what the kernel does not run goes to the Triton kernel, never elsewhere
-    kw = dict(recipe="current", attn_mask_type="padding_causal")
+    kw = dict(recipe="mxfp8", attn_mask_type="padding_causal")
     assert kernels.choose_backend(q, k, v, **kw) == "triton"
+    assert kernels.choose_backend(*(x[..., :64] for x in (q, k, v)), recipe="current") == "triton"
     assert kernels.choose_backend(q.float(), k.float(), v.float(), recipe="current") == "triton"
     assert kernels.choose_backend(q.half(), k.half(), v.half(), recipe="current") == "cuda"
     monkeypatch.setenv(kernels.BACKEND_ENV, "triton")
@@ -421,6 +425,231 @@ def test_bottom_right_hidden_keys_change_no_prefix_bit(t, s_kv):
     assert (out[:, :blind] == 0).all() and (lse.view(4, 2, s_q)[:, :, :blind] == -torch.inf).all()
 
 
+# -------------------------------------------------------------------- padding, thd, windows
+
+
+class _Case(NamedTuple):
+    """One call with sequences or a window: q, k, v on the GPU, the forward's keyword arguments
+    (`kw`), the reference's (`ref_kw`: None where it has no equivalent, a padded thd pack), and
+    which query and key tokens are real (token-major, the rest padding)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kw: dict
+    ref_kw: Optional[dict]
+    real_q: torch.Tensor  # [t_q] bool
+    real_kv: torch.Tensor  # [t_kv] bool
+
+
+def _cu(lengths):
+    return torch.tensor([0] + list(lengths)).cumsum(0).int()
+
+
+def _dense_case(seed, s_q, s_kv, lens_q, lens_kv, mask, window=None, dtype=torch.bfloat16):
+    """bshd samples of s_q / s_kv tokens with real lengths lens_* (a padding mask), or every
+    token real (lens_* None)."""
+    b = len(lens_q) if lens_q is not None else 2
+    q, k, v = _inputs(seed, b, s_q, s_kv, 4, 2, outliers=False, dtype=dtype)
+    kw = dict(qkv_format="bshd", attn_mask_type=mask, window_size=window)
+    ref_kw = dict(kw)
+    if lens_q is not None:
+        kw.update(cu_seqlens_q=_cu(lens_q).cuda(), cu_seqlens_kv=_cu(lens_kv).cuda())
+        ref_kw.update(seqlens_q=list(lens_q), seqlens_kv=list(lens_kv))
+    lens_q = lens_q or [s_q] * b
+    lens_kv = lens_kv or [s_kv] * b
+    real_q = (torch.arange(s_q).view(1, -1) < torch.tensor(lens_q).view(-1, 1)).flatten()
+    real_kv = (torch.arange(s_kv).view(1, -1) < torch.tensor(lens_kv).view(-1, 1)).flatten()
+    return _Case(q, k, v, kw, ref_kw, real_q, real_kv)
+
+
+def _thd_case(seed, lens_q, lens_kv, mask, pads=None, window=None, dtype=torch.bfloat16):
+    """A thd pack of sequences with real lengths lens_*, each followed by pads[n] padding tokens
+    (cu_seqlens_*_padded) when pads is given."""
+    pads = pads or [0] * len(lens_q)
+    span_q = [a + p for a, p in zip(lens_q, pads)]
+    span_kv = [a + p for a, p in zip(lens_kv, pads)]
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (
+        torch.randn(sum(span), h, 128, generator=gen).to(dtype).cuda()
+        for span, h in ((span_q, 4), (span_kv, 2), (span_kv, 2))
+    )
+    kw = dict(
+        qkv_format="thd", attn_mask_type=mask, window_size=window,
+        cu_seqlens_q=_cu(lens_q).cuda(), cu_seqlens_kv=_cu(lens_kv).cuda(),
+    )  # fmt: skip
+    ref_kw = None if any(pads) else dict(kw, cu_seqlens_q=_cu(lens_q), cu_seqlens_kv=_cu(lens_kv))
+    if any(pads):
+        kw.update(cu_seqlens_q_padded=_cu(span_q).cuda(), cu_seqlens_kv_padded=_cu(span_kv).cuda())
+    real = lambda lens, spans: torch.cat(
+        [torch.arange(sp) < n for n, sp in zip(lens, spans)]
+    )  # fmt: skip
+    return _Case(q, k, v, kw, ref_kw, real(lens_q, span_q), real(lens_kv, span_kv))
+
+
+SEQUENCE_CASES = {
+    "bshd-padding_causal": lambda d: _dense_case(40, 300, 300, [300, 173, 1], [300, 173, 1],
+                                                 "padding_causal", dtype=d),
+    "bshd-padding": lambda d: _dense_case(41, 200, 300, [200, 77], [300, 129], "padding", dtype=d),
+    "bshd-padding_causal_bottom_right": lambda d: _dense_case(
+        42, 256, 300, [120, 250], [300, 140], "padding_causal_bottom_right", dtype=d
+    ),
+    "thd-padding_causal": lambda d: _thd_case(43, [300, 1, 200], [300, 1, 200],
+                                              "padding_causal", dtype=d),
+    "thd-padding-cross": lambda d: _thd_case(44, [130, 64, 257], [300, 5, 128], "padding", dtype=d),
+    "thd-padded-allocation": lambda d: _thd_case(
+        45, [200, 129, 7], [200, 129, 7], "padding_causal", pads=[56, 1, 300], dtype=d
+    ),
+    "window-causal": lambda d: _dense_case(46, 700, 700, None, None, "causal", (128, 0), dtype=d),
+    "window-two-sided": lambda d: _dense_case(47, 500, 500, None, None, "no_mask", (100, 37),
+                                              dtype=d),
+    "window-bottom-right": lambda d: _dense_case(48, 300, 640, None, None, "causal_bottom_right",
+                                                 (300, 0), dtype=d),
+    "thd-window": lambda d: _thd_case(49, [700, 130], [700, 130], "padding_causal", window=(200, 0),
+                                      dtype=d),
+}  # fmt: skip
+
+
+def _tokens(x, case):
+    """x (q-shaped: out) token-major [t, h, d]."""
+    return x if case.kw["qkv_format"] == "thd" else x.flatten(0, 1)
+
+
+def _forward(case, backend, q=None, k=None, v=None):
+    q, k, v = (
+        (case.q if q is None else q),
+        (case.k if k is None else k),
+        (case.v if v is None else v),
+    )
+    return kernels.attention_forward(q, k, v, backend=backend, recipe="current", **case.kw)
+
+
+def test_sequences_and_windows_run_the_cuda_kernel(monkeypatch):
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
+    for name, make in SEQUENCE_CASES.items():
+        case = make(torch.bfloat16)
+        chosen = kernels.choose_backend(case.q, case.k, case.v, recipe="current", **case.kw)
+        assert chosen == "cuda", name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(SEQUENCE_CASES))
+def test_sequences_and_windows_agree_with_the_triton_kernel_and_fp64(name, dtype):
+    """Padding masks, thd packs (with and without padded allocations) and sliding windows: real
+    rows within test_agrees_with_the_triton_kernel's tolerance of the Triton kernel (half the
+    rules' own error to fp64 + 2^-8, or 2.5e-2 where the reference has no padded thd) and within
+    test_accuracy_against_fp64's bound of the fp64 truth; padding rows and rows that see nothing
+    are 0 and LSE -inf in both kernels."""
+    pytest.importorskip("triton", reason="the comparison needs the Triton backend")
+    case = SEQUENCE_CASES[name](dtype)
+    out, lse = _forward(case, "cuda")
+    out_t, lse_t = _forward(case, "triton")
+    assert out.shape == case.q.shape and out.dtype == dtype
+    rows, rows_t = _tokens(out, case).cpu(), _tokens(out_t, case).cpu()
+    pad = ~case.real_q
+    assert (rows[pad] == 0).all() and (lse[:, pad.cuda()] == -torch.inf).all()
+    finite = torch.isfinite(lse_t)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
+    real = case.real_q
+    if case.ref_kw is None:
+        assert rel_frobenius_error(rows[real], rows_t[real]) <= 2.5e-2
+        return
+    q_c, k_c, v_c = (x.cpu() for x in (case.q, case.k, case.v))
+    truth = reference_attention("bf16", q_c, k_c, v_c, **case.ref_kw)
+    fork = reference_attention("fork-current", q_c, k_c, v_c, **case.ref_kw)
+    truth_rows, fork_rows = _tokens(truth.out, case)[real], _tokens(fork.out, case)[real]
+    ref_err = rel_frobenius_error(fork_rows, truth_rows)
+    diff = rel_frobenius_error(rows[real], rows_t[real])
+    assert diff <= 0.5 * ref_err + 2.0**-8, f"CUDA vs Triton {diff:.3e} (rules' {ref_err:.3e})"
+    err = rel_frobenius_error(rows[real], truth_rows)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the rules' {ref_err:.3e}"
+
+
+GARBAGE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "max": BF16_MAX}
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE) + ["random-large"])
+@pytest.mark.parametrize(
+    "name", ["bshd-padding_causal", "bshd-padding", "thd-padded-allocation", "thd-window"]
+)
+def test_padding_garbage_changes_no_output_bit(name, garbage):
+    """Whatever the padded positions of Q, K and V hold (NaN, Inf, bf16's largest value, random
+    large values), no bit of a real row's output or LSE changes, and padding rows stay 0 / -inf:
+    the kernel never reads padding into a real row (V of the tile past a sequence's last key is
+    zeroed before its P . V, mainloop.h zero_v_tail)."""
+    case = SEQUENCE_CASES[name](torch.bfloat16)
+    out, lse = _forward(case, "cuda")
+    gen = torch.Generator().manual_seed(50)
+
+    def spoil(x, real):
+        tokens = _tokens(x, case).clone()
+        if garbage == "random-large":
+            noise = torch.randn(tokens.shape, generator=gen) * 2.0 ** torch.randint(
+                10, 120, tokens.shape, generator=gen
+            )
+            fill = noise.clamp(-BF16_MAX, BF16_MAX).to(x.dtype).cuda()
+        else:
+            fill = torch.full_like(tokens, GARBAGE[garbage])
+        pad = ~real.cuda()
+        tokens[pad] = fill[pad]
+        return tokens.view(x.shape)
+
+    q2 = spoil(case.q, case.real_q)
+    k2, v2 = spoil(case.k, case.real_kv), spoil(case.v, case.real_kv)
+    out2, lse2 = _forward(case, "cuda", q2, k2, v2)
+    assert torch.equal(out2, out), "a padded position changed an output bit"
+    assert torch.equal(lse2, lse)
+    assert (_tokens(out2, case)[~case.real_q.cuda()] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["window-causal", "window-two-sided", "window-bottom-right"])
+@pytest.mark.parametrize("seed", range(4))
+def test_keys_outside_the_window_change_no_bit(name, seed):
+    """A key j set to bf16's largest value (K and V) changes no bit of the rows whose window
+    excludes it, on both sides of the window (the left edge's tiles are boundary tiles: their V
+    is the unquantized one, so j's value enters no chunk scale those rows read)."""
+    case = SEQUENCE_CASES[name](torch.bfloat16)
+    s_q, s_kv = case.q.shape[1], case.k.shape[1]
+    left, right = case.kw["window_size"]
+    right = 0 if "causal" in case.kw["attn_mask_type"] else right
+    diag = 0 if case.kw["attn_mask_type"] == "causal" else s_kv - s_q
+    i = torch.arange(s_q).view(-1, 1)
+    seen = (torch.arange(s_kv) >= i + diag - left) & (torch.arange(s_kv) <= i + diag + right)
+    # keys that some rows see and others do not
+    candidates = torch.nonzero((seen.sum(0) > 0) & (seen.sum(0) < s_q)).flatten()
+    gen = torch.Generator().manual_seed(seed)
+    j = int(candidates[torch.randint(0, candidates.numel(), (1,), generator=gen)])
+    out, lse = _forward(case, "cuda")
+    k2, v2 = case.k.clone(), case.v.clone()
+    k2[:, j], v2[:, j] = BF16_MAX, BF16_MAX
+    out2, lse2 = _forward(case, "cuda", k=k2, v=v2)
+    sees = seen[:, j]
+    hidden = ~sees
+    assert torch.equal(out2[:, hidden.cuda()], out[:, hidden.cuda()])
+    rows = lambda x: x.view(x.shape[0], -1, s_q)[:, :, hidden.cuda()]  # lse [h, b * s_q]
+    assert torch.equal(rows(lse2), rows(lse))
+    assert not torch.equal(out2[:, sees.cuda()], out[:, sees.cuda()])  # control: j is seen
+
+
+@pytest.mark.parametrize("name", ["thd-padding_causal", "thd-padding-cross", "thd-window"])
+def test_thd_sequences_are_isolated(name):
+    """Every token of sequence 1 (any finite values, V scales far apart) changes no bit of the
+    other sequences' outputs and LSEs."""
+    case = SEQUENCE_CASES[name](torch.bfloat16)
+    cu_q, cu_kv = case.kw["cu_seqlens_q"].tolist(), case.kw["cu_seqlens_kv"].tolist()
+    out, lse = _forward(case, "cuda")
+    q2, k2, v2 = case.q.clone(), case.k.clone(), case.v.clone()
+    q2[cu_q[1] : cu_q[2]] = -BF16_MAX
+    k2[cu_kv[1] : cu_kv[2]] = 1e30
+    v2[cu_kv[1] : cu_kv[2]] = 3e38
+    out2, lse2 = _forward(case, "cuda", q2, k2, v2)
+    other = torch.ones(case.q.shape[0], dtype=torch.bool, device="cuda")
+    other[cu_q[1] : cu_q[2]] = False
+    assert torch.equal(out2[other], out[other])
+    assert torch.equal(lse2[:, other], lse[:, other])
+
+
 # -------------------------------------------------------------------- fp16
 
 
@@ -447,9 +676,9 @@ def test_fp16_sbhd_equals_bshd_and_runs_the_cuda_backward(mask):
     "change,match",
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
-        (dict(attn_mask_type="padding_causal"), "attn_mask_type 'padding_causal'"),
-        (dict(window_size=(64, 0)), r"window_size \(64, 0\)"),
-        (dict(qkv_format="thd"), "qkv_format 'thd'"),
+        (dict(attn_mask_type="padding_causal", fp8_v_everywhere=True), "leaky variant"),
+        (dict(window_size=(64, 0), fp8_v_everywhere=True), "leaky variant"),
+        (dict(qkv_format="thd"), "thd needs cu_seqlens_q and cu_seqlens_kv"),
     ],
 )
 def test_unsupported_calls_raise(change, match):
