@@ -125,6 +125,13 @@ int main() {
     a.fp8_v_everywhere = 1;
     a.cu_seqlens_q = a.cu_seqlens_kv = offsets;
   }, "fp8_v_everywhere needs dense samples");
+  expect("leaky with a right window", [](A &a) {
+    a.fp8_v_everywhere = 1;
+    a.causal = 0;
+    a.sliding_window = 1;
+    a.window_left = -1;
+    a.window_right = 0;
+  }, "fp8_v_everywhere needs dense samples");
   expect("leaky fp16", [](A &a) {
     a.fp8_v_everywhere = 1;
     a.dtype = NVTE_EXACT_FP8_FLOAT16;

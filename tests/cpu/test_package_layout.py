@@ -220,6 +220,13 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
             window_size=(64, 0),
             fp8_v_everywhere=True,
         ),
+        "leaky right window": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            attn_mask_type="no_mask",
+            window_size=(-1, 0),
+            fp8_v_everywhere=True,
+        ),
         "thd without cu_seqlens": attention.unsupported_reason(
             q[0], q[0], q[0], recipe="current", qkv_format="thd"
         ),
@@ -233,6 +240,14 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     assert "leaky variant" in reasons["leaky fp16"] and "bf16 only" in reasons["leaky fp16"]
     assert "leaky variant" in reasons["leaky padding"] and "padding" in reasons["leaky padding"]
     assert "leaky variant" in reasons["leaky window"] and "window" in reasons["leaky window"]
+    assert "window" in reasons["leaky right window"]
+    causal_leaky = attention.unsupported_reason(
+        *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+        recipe="current",
+        window_size=(-1, 0),
+        fp8_v_everywhere=True,
+    )  # causal's own window: the leaky variant runs it (this CPU tensor fails the device check)
+    assert "sm90 GPU" in causal_leaky
     assert "thd needs cu_seqlens_q and cu_seqlens_kv" in reasons["thd without cu_seqlens"]
     assert "thd needs 3-d q, k, v" in reasons["thd 4-d"]
     # The kernel's formats, masks, windows, sequences and dtypes: these CPU tensors fail the

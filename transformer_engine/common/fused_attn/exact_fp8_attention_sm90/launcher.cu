@@ -75,8 +75,10 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   }
   // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
   // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles of dense samples only.
-  if (a.fp8_v_everywhere &&
-      (a.seqlen_kv % kKVTile != 0 || a.cu_seqlens_q != nullptr || a.sliding_window != 0)) {
+  // a window that hides keys the mask type alone shows
+  const bool window =
+      a.sliding_window && (a.window_left >= 0 || (a.causal == 0 && a.window_right >= 0));
+  if (a.fp8_v_everywhere && (a.seqlen_kv % kKVTile != 0 || a.cu_seqlens_q != nullptr || window)) {
     return "fp8_v_everywhere needs dense samples without cu_seqlens or window and seqlen_kv a "
            "multiple of 128, got seqlen_kv " + std::to_string(a.seqlen_kv);
   }

@@ -355,7 +355,8 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
         window = get("window_size")
         if get("qkv_format") == "thd" or "padding" in get("attn_mask_type", "causal"):
             return _unsupported("fp8_v_everywhere (the leaky variant) with thd or a padding mask")
-        if window is not None and tuple(window) not in ((-1, -1), (-1, 0)):
+        causal = "causal" in get("attn_mask_type", "causal")
+        if window is not None and tuple(window) not in ((-1, -1), (-1, 0) if causal else (-1, -1)):
             return _unsupported("fp8_v_everywhere (the leaky variant) with a sliding window")
     if get("qkv_format") == "thd" and (get("cu_seqlens_q") is None or get("cu_seqlens_kv") is None):
         return ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
