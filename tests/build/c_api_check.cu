@@ -92,7 +92,7 @@ void expect(const char *name, Change change, const char *message, bool quantizin
 
 int main() {
   using A = NVTEExactFP8AttentionSm90Args;
-  expect("head dim", [](A &a) { a.head_dim = 64; }, "head_dim must be 128");
+  expect("head dim", [](A &a) { a.head_dim = 96; }, "head_dim must be 64 or 128");
   expect("causal code", [](A &a) { a.causal = 3; }, "causal must be 0, 1 or 2");
   expect("one cu_seqlens", [](A &a) { a.cu_seqlens_q = offsets; },
          "cu_seqlens_q and cu_seqlens_kv go together");
@@ -135,7 +135,11 @@ int main() {
   expect("leaky fp16", [](A &a) {
     a.fp8_v_everywhere = 1;
     a.dtype = NVTE_EXACT_FP8_FLOAT16;
-  }, "bf16 only");
+  }, "built for bf16 and d = 128 only");
+  expect("leaky d = 64", [](A &a) {
+    a.fp8_v_everywhere = 1;
+    a.head_dim = 64;
+  }, "built for bf16 and d = 128 only");
   expect("thd tokens range", [](A &a) {
     a.cu_seqlens_q = a.cu_seqlens_kv = a.seq_starts_q = a.seq_starts_kv = offsets;
     a.tokens_q = int64_t(1) << 31;

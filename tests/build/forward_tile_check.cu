@@ -7,8 +7,9 @@
 //     inverse;
 //   * the element-wise mask of ScoreScales (softmax.h), replayed here: the keys a row sees;
 //   * tail_visit: the visit of the incomplete last tile under zero_v_tail;
-//   * v16_row_bytes (kernel_traits.h): every element of a (key, 64-d half) of SmemLayoutV16 lies
-//     in the 128-byte row that zero_v_tail zeroes, and the rows of different pairs differ.
+//   * v16_row_bytes (kernel_traits.h), d = 64 and 128: every element of a (key, 64-d half) of
+//     SmemLayoutV16 lies in the 128-byte row that zero_v_tail zeroes, and the rows of different
+//     pairs differ.
 // Prints "ok" and exits 0, or prints the first mismatches and exits 1. Run by
 // tests/build/test_build_sm90_attention.py.
 #include <cstdint>
@@ -143,20 +144,25 @@ void check_sequence(int len_q, int len_kv, int causal, int left, int right, bool
   }
 }
 
+template <int kHeadDim>
 void check_v16_rows() {
+  using Traits = KernelTraits<kHeadDim>;
   std::set<int> rows;
   for (int key = 0; key < kKVTile; ++key) {
-    for (int half = 0; half < 2; ++half) {
-      const int row = v16_row_bytes(key, half);
-      if (row % 128 != 0 || row < 0 || row >= KernelTraits::kV16TileBytes ||
+    for (int half = 0; half < kHeadDim / 64; ++half) {
+      const int row = Traits::v16_row_bytes(key, half);
+      if (row % 128 != 0 || row < 0 || row >= Traits::kV16TileBytes ||
           !rows.insert(row).second) {
-        if (bad++ < 10) std::printf("v16 row of key %d half %d: %d\n", key, half, row);
+        if (bad++ < 10) {
+          std::printf("d %d: v16 row of key %d half %d: %d\n", kHeadDim, key, half, row);
+        }
       }
       for (int d = 64 * half; d < 64 * half + 64; ++d) {
-        const int bytes = 2 * static_cast<int>(KernelTraits::SmemLayoutV16{}(make_coord(d, key)));
+        const int bytes =
+            2 * static_cast<int>(typename Traits::SmemLayoutV16{}(make_coord(d, key)));
         if (bytes / 128 * 128 != row && bad++ < 10) {
-          std::printf("v16 element (d %d, key %d) at byte %d, not in row %d\n", d, key, bytes,
-                      row);
+          std::printf("d %d: v16 element (d %d, key %d) at byte %d, not in row %d\n", kHeadDim,
+                      d, key, bytes, row);
         }
       }
     }
@@ -181,7 +187,8 @@ int main() {
       }
     }
   }
-  check_v16_rows();
+  check_v16_rows<64>();
+  check_v16_rows<128>();
   if (bad == 0) std::printf("ok\n");
   return bad == 0 ? 0 : 1;
 }

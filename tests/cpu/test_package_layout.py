@@ -135,7 +135,7 @@ def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):
     is not available, and then the default (auto) choice is the Triton kernel."""
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     assert kernels.BACKENDS == ("triton", "cuda")
-    assert kernels.head_dims("cuda") == (128,)
+    assert kernels.head_dims("cuda") == (64, 128)
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
 
     sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -220,6 +220,11 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
             window_size=(64, 0),
             fp8_v_everywhere=True,
         ),
+        "leaky d = 64": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 64, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            fp8_v_everywhere=True,
+        ),
         "leaky right window": attention.unsupported_reason(
             *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
             recipe="current",
@@ -241,6 +246,7 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     assert "leaky variant" in reasons["leaky padding"] and "padding" in reasons["leaky padding"]
     assert "leaky variant" in reasons["leaky window"] and "window" in reasons["leaky window"]
     assert "window" in reasons["leaky right window"]
+    assert "d = 64 (128 only)" in reasons["leaky d = 64"]
     causal_leaky = attention.unsupported_reason(
         *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
         recipe="current",
@@ -261,9 +267,10 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
         "two-sided window": dict(attn_mask_type="no_mask", window_size=(64, 3)),
         "cu_seqlens": dict(attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu),
         "fp16": dict(),
+        "d = 64": dict(),
     }
     for name, kw in kernel_calls.items():
-        x = q.half() if name == "fp16" else q
+        x = q.half() if name == "fp16" else (q[..., :64] if name == "d = 64" else q)
         reason = attention.unsupported_reason(x, x, x, recipe="current", **kw)
         assert "sm90 GPU" in reason, (name, reason)
     thd = attention.unsupported_reason(
@@ -299,6 +306,8 @@ def test_cuda_backward_refuses_what_only_the_forward_runs():
         cu_seqlens_q=cu, cu_seqlens_kv=cu,
     )  # fmt: skip
     assert "thd" in thd
+    d64 = backward.backward_supported(q[..., :64], q[..., :64], q[..., :64], recipe="current")
+    assert "d = 128" in d64
     for window in (None, (-1, -1), (-1, 0)):  # no window: the device check speaks
         reason = backward.backward_supported(q, q, q, recipe="current", window_size=window)
         assert "CUDA backward" not in reason and "sm90 GPU" in reason, reason

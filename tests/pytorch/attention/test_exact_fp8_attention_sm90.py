@@ -1,8 +1,8 @@
 """GPU tests of the sm_90a CUDA attention forward (exact_fp8/cuda/, the "cuda" kernel backend).
 
 The kernel has not run on hardware before these tests: tools/gpu_sm90_check.sh builds it and runs
-them first. They check, for the subset it implements (bshd, sbhd and thd, bf16 and fp16, d = 128,
-current scaling, every mask type with and without a sliding window, MHA and GQA):
+them first. They check, for the subset it implements (bshd, sbhd and thd, bf16 and fp16, d = 64
+and 128, current scaling, every mask type with and without a sliding window, MHA and GQA):
 - headline: bitwise invariance (torch.equal) of every output and LSE a mask hides from a
   perturbation (future Q, K and V with large finite values; other samples and sequences; keys
   outside a window; NaN, Inf and huge values in padding), with a visible perturbation as the
@@ -53,8 +53,8 @@ SHAPES = [
 BF16_MAX = 3.3895313892515355e38
 
 
-def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True, dtype=torch.bfloat16):
-    """N(0, 1) in `dtype`, with x50 outliers (1%) when `outliers`; on the GPU."""
+def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True, dtype=torch.bfloat16, d=128):
+    """N(0, 1) in `dtype`, with x50 outliers (1%) when `outliers`; on the GPU; head dim d."""
     gen = torch.Generator().manual_seed(seed)
 
     def make(shape):
@@ -63,7 +63,7 @@ def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True, dtype=torch.bfloat16):
             x = torch.where(torch.rand(*shape, generator=gen) < 0.01, 50 * x, x)
         return x.to(dtype).cuda()
 
-    return make((b, s_q, h, 128)), make((b, s_kv, h_kv, 128)), make((b, s_kv, h_kv, 128))
+    return make((b, s_q, h, d)), make((b, s_kv, h_kv, d)), make((b, s_kv, h_kv, d))
 
 
 def _cuda(q, k, v, mask, **kw):
@@ -83,13 +83,13 @@ def test_backend_is_available_and_chosen_for_what_it_runs(monkeypatch):
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     assert kernels.backend_available("cuda")
     assert kernels.select_backend() == "cuda"
-    assert kernels.head_dims("cuda") == (128,)
+    assert kernels.head_dims("cuda") == (64, 128)
     q, k, v = _inputs(0, 1, 128, 128, 2, 2)
     assert kernels.choose_backend(q, k, v, recipe="current", attn_mask_type="causal") == "cuda"
     # what the kernel does not run goes to the Triton kernel, never elsewhere
     kw = dict(recipe="mxfp8", attn_mask_type="padding_causal")
     assert kernels.choose_backend(q, k, v, **kw) == "triton"
-    assert kernels.choose_backend(*(x[..., :64] for x in (q, k, v)), recipe="current") == "triton"
+    assert kernels.choose_backend(*(x[..., :64] for x in (q, k, v)), recipe="current") == "cuda"
     assert kernels.choose_backend(q.float(), k.float(), v.float(), recipe="current") == "triton"
     assert kernels.choose_backend(q.half(), k.half(), v.half(), recipe="current") == "cuda"
     monkeypatch.setenv(kernels.BACKEND_ENV, "triton")
@@ -650,6 +650,64 @@ def test_thd_sequences_are_isolated(name):
     assert torch.equal(lse2[:, other], lse[:, other])
 
 
+# -------------------------------------------------------------------- d = 64
+
+D64_SHAPES = [(2, 300, 300, 4, 2), (1, 1024, 1024, 2, 1), (2, 77, 200, 4, 4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", D64_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_d64_accuracy_and_agreement_with_the_triton_kernel(mask, shape, dtype):
+    """d = 64 (Q8 and K8 rows of 64 bytes, a 64-column P.V): test_accuracy_against_fp64's bound
+    against the fp64 truth and test_agrees_with_the_triton_kernel's tolerance against the
+    Triton kernel, on inputs without outliers."""
+    pytest.importorskip("triton", reason="the comparison needs the Triton backend")
+    q, k, v = _inputs(60, *shape, outliers=False, dtype=dtype, d=64)
+    out, lse = _cuda(q, k, v, mask)
+    out_t, lse_t = _triton(q, k, v, mask)
+    assert out.shape == q.shape and out.dtype == dtype
+    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
+    kw = dict(qkv_format="bshd", attn_mask_type=mask)
+    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
+    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    err = rel_frobenius_error(out.cpu(), truth.out)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the rules' {ref_err:.3e}"
+    diff = rel_frobenius_error(out.cpu(), out_t.cpu())
+    assert diff <= 0.5 * ref_err + 2.0**-8, f"CUDA vs Triton {diff:.3e} (rules' {ref_err:.3e})"
+    finite = torch.isfinite(lse_t)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], lse_t[finite], rtol=2.0**-10, atol=2.0**-8)
+
+
+@pytest.mark.parametrize("t", [0, 100, 255, 300])
+@pytest.mark.parametrize("mask", ["causal", "causal_bottom_right"])
+def test_d64_future_changes_no_prefix_bit(t, mask):
+    q, k, v = _inputs(61, 2, 400, 400, 4, 2, d=64)
+    out, lse = _cuda(q, k, v, mask)
+    q2, k2, v2 = (_future(x, t, BF16_MAX) for x in (q, k, v))
+    out2, lse2 = _cuda(q2, k2, v2, mask)
+    assert torch.equal(out2[:, : t + 1], out[:, : t + 1])
+    rows = lambda x: x.view(x.shape[0], 2, 400)[:, :, : t + 1]  # lse [h, b * s]
+    assert torch.equal(rows(lse2), rows(lse))
+
+
+@pytest.mark.parametrize("garbage", ["nan", "inf", "max"])
+def test_d64_thd_padding_garbage_changes_no_output_bit(garbage):
+    """A padded thd pack at d = 64 (the tail V zeroed in its one 128-byte row per key)."""
+    case = _thd_case(62, [200, 129, 7], [200, 129, 7], "padding_causal", pads=[56, 1, 300])
+    case = case._replace(q=case.q[..., :64].contiguous(), k=case.k[..., :64].contiguous(),
+                         v=case.v[..., :64].contiguous())  # fmt: skip
+    out, lse = _forward(case, "cuda")
+    fill = lambda x, real: x.masked_fill(~real.cuda().view(-1, 1, 1), GARBAGE[garbage])
+    q2 = fill(case.q, case.real_q)
+    k2, v2 = fill(case.k, case.real_kv), fill(case.v, case.real_kv)
+    out2, lse2 = _forward(case, "cuda", q2, k2, v2)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    assert (out2[~case.real_q.cuda()] == 0).all()
+
+
 # -------------------------------------------------------------------- fp16
 
 
@@ -697,8 +755,10 @@ def test_unsupported_dtype_and_head_dim_raise():
         _cuda(q, k.half(), v, "causal")
     with pytest.raises(ValueError, match="leaky variant"):
         _cuda(q.half(), k.half(), v.half(), "causal", fp8_v_everywhere=True)
-    with pytest.raises(ValueError, match="head dim 64"):
-        _cuda(q[..., :64], k[..., :64], v[..., :64], "causal")
+    with pytest.raises(ValueError, match="head dim 96"):
+        _cuda(q[..., :96], k[..., :96], v[..., :96], "causal")
+    with pytest.raises(ValueError, match="leaky variant"):
+        _cuda(q[..., :64], k[..., :64], v[..., :64], "causal", fp8_v_everywhere=True)
 
 
 @pytest.mark.parametrize("scale", list(HUGE_ROW_SCALES), ids=list(HUGE_ROW_SCALES.values()))

@@ -74,7 +74,6 @@ void check(NVTEExactFP8Status status) {
 
 void register_exact_fp8_attention(py::module_ &m) {
 #ifdef NVTE_EXACT_FP8_WITH_SM90_ATTENTION
-  m.attr("ATTENTION_SM90_HEAD_DIM") = NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM;
   m.def(
       "attention_sm90_fwd",
       [](uintptr_t q8, uintptr_t q_scale, uintptr_t k8, uintptr_t k_scale, uintptr_t v8t,
@@ -109,7 +108,8 @@ void register_exact_fp8_attention(py::module_ &m) {
       py::arg("cu_seqlens_q"), py::arg("cu_seqlens_kv"), py::arg("seq_starts_q"),
       py::arg("seq_starts_kv"), py::arg("tokens_q"), py::arg("tokens_kv"), py::arg("window_left"),
       py::arg("window_right"), py::arg("stream"),
-      "Mask-exact FP8 attention forward on sm_90a (bshd views or thd, d = 128, bf16 or fp16: "
+      "Mask-exact FP8 attention forward on sm_90a (bshd views or thd, d = 64 or 128, bf16 or "
+      "fp16: "
       "dtype 0 or 1, current scaling; causal 0 none, 1 top-left, 2 bottom-right; a sliding "
       "window, -1 for an unbounded side; cu_seqlens (0: dense), seq_starts and tokens (thd; 0: "
       "dense)): out [b, s_q, h, d] or [t_q, h, d] in that dtype (element strides of its batch "

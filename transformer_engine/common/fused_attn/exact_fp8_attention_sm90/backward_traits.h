@@ -47,6 +47,7 @@ namespace sm90 {
 
 using namespace cute;
 
+constexpr int kHeadDim = 128;  // the backward's one head dim
 constexpr int kBwdTile = 128;  // keys of a CTA (2 consumer warpgroups x 64)
 constexpr int kBwdStep = 64;   // query rows of a step
 constexpr int kBwdStages = 2;  // 3 measured the same for the two-kernel form (2026-12-03)

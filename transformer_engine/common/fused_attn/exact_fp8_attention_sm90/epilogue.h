@@ -18,9 +18,9 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
 
-// tOrO: the thread's 64 x 128 fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
+// tOrO: the thread's 64 x d fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
 // Element: the output dtype.
-template <class Element, class FragO, class CoordO>
+template <int kHeadDim, class Element, class FragO, class CoordO>
 CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
                                  OnlineSoftmax const &softmax, float u, FragO const &tOrO,
                                  CoordO const &tOcO, int head, int q0) {
@@ -41,7 +41,7 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
   }
   uint16_t *out = static_cast<uint16_t *>(p.out) + s.out0 + static_cast<int64_t>(head) * kHeadDim;
 #pragma unroll
-  for (int v = 0; v < 64; v += 2) {
+  for (int v = 0; v < size(tOrO); v += 2) {
     const int h = (v >> 1) & 1;
     if (row[h] >= s.span_q) continue;
     float o0 = 0.0f, o1 = 0.0f;
@@ -57,6 +57,7 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
 // thd: the grid covers p.num_q_tiles * kQTile rows of each sequence (the longest real one); the
 // rows of a longer (padded) allocation past them are padding: O = 0 and LSE = -inf, written by
 // the consumers of the sequence's query tile 0 (thread t of 256: 16 bytes of a row at a time).
+template <int kHeadDim>
 CUTLASS_DEVICE void store_rows_past_grid(AttentionParams const &p, Sequence const &s, int head,
                                          int mma_thread) {
   const int first = p.num_q_tiles * kQTile;

@@ -49,9 +49,9 @@ CUTLASS_DEVICE void release(uint64_t *bar) { cutlass::arch::ClusterBarrier::arri
 // LEAKY mode (boundary tiles keep their element-wise mask but use P in E4M3 and V8^T with its
 // chunk scale, which the hidden keys of the tile enter): a lower bound of the time for the
 // exactness-cost benchmark and the negative control of the exactness tests; never a product path.
-template <bool kFp8VEverywhere, class Element>
+template <class Traits, bool kFp8VEverywhere, class Element>
 struct Consumer {
-  using Traits = KernelTraits;
+  static constexpr int kHeadDim = Traits::kHeadDim;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   AttentionParams const &p;
   Sequence const &seq;
@@ -66,14 +66,17 @@ struct Consumer {
     auto thr_qk = mma_qk.get_thread_slice(mma_thread);
     auto thr_pv = mma_pv8.get_thread_slice(mma_thread);
 
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutRows{});
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
     // O in fp32, never a WGMMA accumulator (Note [Two-level P.V accumulation]); a tile's
-    // P.V product T lands in tSrS, the registers of its scores.
+    // P.V product T lands in tSrS, the registers of its scores: the first d / 2 of them, which
+    // hold the fragment's first d columns in the accumulator layout of a 64 x d product (all of
+    // them at d = 128).
     Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
     Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
+    Tensor tOrT = make_tensor(tSrS.data(), tOrO.layout());
     // P's A operand: the input dtype (bf16 or fp16) for a boundary tile, E4M3 (the first half
     // of the registers) for an FP8 tile.
     Tensor tOrP16 = make_tensor<Element>(
@@ -81,7 +84,8 @@ struct Consumer {
     Tensor tOrP8 = make_tensor(
         make_rmem_ptr(reinterpret_cast<typename Traits::Fp8 *>(raw_pointer_cast(tOrP16.data()))),
         partition_shape_A(mma_pv8, Shape<Int<kQTile>, Int<kKVTile>>{}));
-    static_assert(decltype(size(tSrS))::value == 64 && decltype(size(tOrO))::value == 64);
+    static_assert(decltype(size(tSrS))::value == 64 &&
+                  decltype(size(tOrO))::value == kHeadDim / 2);
     clear(tOrO);
 
     const int q0 = q_tile * kQTile;
@@ -114,7 +118,7 @@ struct Consumer {
       factor[0] = alpha[0] * ratio;
       factor[1] = alpha[1] * ratio;
     };
-    // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tSrS, free now (an
+    // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tOrT, free now (an
     // E4M3 P and V8^T for an FP8 tile, P and V in the input dtype for a boundary tile).
     auto issue_pv = [&](int visit, auto boundary) {
       const int stage = visit % kStages;
@@ -123,11 +127,11 @@ struct Consumer {
         p_to_16bit_operand(tSrS, tOrP16);
         issue_pv_gemm<typename Traits::template MmaPV16<Element>,
                       typename Traits::SmemLayoutV16>(
-            mma_pv16, reinterpret_cast<Element *>(ss.v[stage]), tOrP16, tSrS, mma_thread);
+            mma_pv16, reinterpret_cast<Element *>(ss.v[stage]), tOrP16, tOrT, mma_thread);
       } else {
         p_to_fp8_operand(tSrS, tOrP8);
-        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
-            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tSrS,
+        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutVt>(
+            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tOrT,
             mma_thread);
       }
     };
@@ -135,10 +139,12 @@ struct Consumer {
     // (Note [Two-level P.V accumulation]).
     auto add_pv = [&](int visit) {
       warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tOrT);
       release(&ss.bar_v_empty[visit % kStages]);
 #pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tSrS(v));
+      for (int v = 0; v < size(tOrO); ++v) {
+        tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tOrT(v));
+      }
     };
     // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
     auto visit_step = [&](int visit, auto boundary) {
@@ -147,7 +153,7 @@ struct Consumer {
       ScoreScales::KeyScales k_scales;  // read now: their latency hides behind P.V(v-1)
       const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
       if (visit > 0) add_pv(visit - 1);
-      issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
+      issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
@@ -156,10 +162,10 @@ struct Consumer {
       issue_pv(visit, boundary);
     };
 
-    if (q_tile == 0) store_rows_past_grid(p, seq, head, mma_thread);  // thd padding only
+    if (q_tile == 0) store_rows_past_grid<kHeadDim>(p, seq, head, mma_thread);  // thd padding
     const int num_tiles = range.num_tiles();
     if (num_tiles == 0) {  // no real row sees a key: zeros and -inf
-      store_output<Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
+      store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
       return;
     }
     Barrier::wait(&ss.bar_q, 0);
@@ -171,16 +177,16 @@ struct Consumer {
       visit_step(visit, cute::false_type{});
     }
     add_pv(num_tiles - 1);
-    store_output<Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
+    store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
   }
 };
 
-// Element: the dtype of V (boundary tiles) and O, bf16 or fp16 (KernelTraits::Bf16, ::Fp16).
-template <bool kFp8VEverywhere, class Element>
+// Traits: KernelTraits<d>; Element: the dtype of V (boundary tiles) and O, bf16 or fp16
+// (ElementTypes::Bf16, ::Fp16).
+template <class Traits, bool kFp8VEverywhere, class Element>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams const kp) {
+    attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams<Traits> const kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   // SW128 tiles need 1024-byte aligned buffers: the launch adds 1024 bytes for this.
   extern __shared__ __align__(1024) char smem_raw[];
@@ -221,15 +227,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x < 32) {
-      Producer producer{kp, ss, seq, batch, kv_head, p.cu_vt[batch]};
-      producer.run<kFp8VEverywhere>(head, q_tile, range, tail);
+      Producer<Traits> producer{kp, ss, seq, batch, kv_head, p.cu_vt[batch]};
+      producer.template run<kFp8VEverywhere>(head, q_tile, range, tail);
     } else if (threadIdx.x < 64) {
-      zero_v_tail(ss, tail, seq.len_kv % kKVTile);
+      zero_v_tail<Traits>(ss, tail, seq.len_kv % kKVTile);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<kFp8VEverywhere, Element> consumer{p, seq, ss, static_cast<int>(threadIdx.x) - 128,
-                                                head, q_tile};
+    Consumer<Traits, kFp8VEverywhere, Element> consumer{
+        p, seq, ss, static_cast<int>(threadIdx.x) - 128, head, q_tile};
     consumer.run(range);
   }
 #endif

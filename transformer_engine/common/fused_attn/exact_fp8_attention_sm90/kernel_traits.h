@@ -7,7 +7,7 @@
  * format's constants: Note [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with
  * their own barriers so that a tile's Q.K^T starts before its V has arrived.
  *
- * Shared memory (d = 128):
+ * Shared memory (d = 128; d = 64 halves the tiles: Q8 and K8 rows of 64 bytes, SW64):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
  *   K8    [3 stages][128 keys, 128 d] E4M3, K-major SW128                  48 KiB
  *   V     [3 stages] 32 KiB each, either
@@ -25,6 +25,8 @@
 #include <cutlass/float8.h>
 #include <cutlass/half.h>
 
+#include <type_traits>
+
 namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
@@ -33,7 +35,6 @@ using namespace cute;
 
 constexpr int kQTile = 128;    // formats.Q_TILE
 constexpr int kKVTile = 128;   // formats.KV_TILE == formats.V_CHUNK_CURRENT
-constexpr int kHeadDim = 128;  // the one head dim of this step
 constexpr int kStages = 3;
 constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
@@ -53,10 +54,19 @@ static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 
-struct KernelTraits {
+// The element types of the kernels.
+struct ElementTypes {
   using Fp8 = cutlass::float_e4m3_t;
   using Bf16 = cutlass::bfloat16_t;
   using Fp16 = cutlass::half_t;
+};
+
+// The forward's tiles for head dim kHeadDim_ (64 or 128: d bytes of an E4M3 row, one 128- or
+// 64-byte swizzle atom wide; the 16-bit V of a boundary tile is one or two atoms of 64 d).
+template <int kHeadDim_>
+struct KernelTraits : ElementTypes {
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
 
   using TileQK = Shape<Int<kQTile>, Int<kKVTile>, Int<kHeadDim>>;  // (M rows, N keys, K d)
   using TilePV = Shape<Int<kQTile>, Int<kHeadDim>, Int<kKVTile>>;  // (M rows, N d, K keys)
@@ -78,25 +88,29 @@ struct KernelTraits {
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsM{}));
 
-  // [128, 128] E4M3, K-major (the contiguous mode second): Q8 (rows, d), K8 (keys, d),
-  // V8^T (d, keys).
-  using SmemLayoutFp8 =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{}, Shape<Int<128>, Int<128>>{}));
-  // [128 d, 128 keys] bf16, MN-major (d contiguous): V of a boundary tile. The 64 x 8 atoms
-  // are stacked along the keys first, so one TMA box is [64 d, 128 keys] (two per tile).
+  // [128, d] E4M3, K-major (d contiguous): Q8 (rows, d), K8 (keys, d); rows of d bytes.
+  using AtomRows = std::conditional_t<kHeadDim == 128, GMMA::Layout_K_SW128_Atom<Fp8>,
+                                      GMMA::Layout_K_SW64_Atom<Fp8>>;
+  using SmemLayoutRows = decltype(tile_to_shape(AtomRows{}, Shape<Int<128>, Int<kHeadDim>>{}));
+  // [d, 128 keys] E4M3, K-major (keys contiguous): V8^T.
+  using SmemLayoutVt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{}, Shape<Int<kHeadDim>, Int<128>>{}));
+  // [d, 128 keys] bf16, MN-major (d contiguous): V of a boundary tile. The 64 x 8 atoms are
+  // stacked along the keys first, so one TMA box is [64 d, 128 keys] (d / 64 per tile).
   using SmemLayoutV16 = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Bf16>{},
-                                               Shape<Int<128>, Int<128>>{}, Step<_2, _1>{}));
+                                               Shape<Int<kHeadDim>, Int<128>>{}, Step<_2, _1>{}));
 
-  static constexpr int kFp8TileBytes = 128 * 128;           // one Q8, K8 or V8^T tile
-  static constexpr int kV16TileBytes = 128 * 128 * 2;       // one bf16 V tile
-  static_assert(cosize_v<SmemLayoutFp8> == kFp8TileBytes, "E4M3 tile layout");
-  static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "bf16 tile layout");
+  static constexpr int kFp8TileBytes = 128 * kHeadDim;      // one Q8, K8 or V8^T tile
+  static constexpr int kV16TileBytes = 128 * kHeadDim * 2;  // one 16-bit V tile
+  static_assert(cosize_v<SmemLayoutRows> == kFp8TileBytes, "E4M3 row tile layout");
+  static_assert(cosize_v<SmemLayoutVt> == kFp8TileBytes, "V8^T tile layout");
+  static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "16-bit V tile layout");
   static_assert(kStages >= 2, "the ring overlaps the loads of the next tile");
 
   struct SharedStorage {
     alignas(1024) Fp8 q[kFp8TileBytes];
     alignas(1024) Fp8 k[kStages][kFp8TileBytes];
-    alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first 16 KiB) or bf16 V
+    alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first half) or 16-bit V
     alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
     float v_scale[kStages];                            // per stage: the V chunk's scale (FP8 tile)
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
@@ -106,14 +120,14 @@ struct KernelTraits {
     alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
     alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
   };
-};
 
-// Byte offset in a SmemLayoutV16 tile of the 128-byte row that holds key `key`'s d values
-// 64 half .. 64 half + 63 (an SW128 atom's row: its swizzle permutes the row's 16-byte chunks
-// only; tests/build checks that every element of the pair lies in that row).
-CUTLASS_HOST_DEVICE int v16_row_bytes(int key, int half) {
-  return static_cast<int>(KernelTraits::SmemLayoutV16{}(make_coord(64 * half, key))) / 64 * 128;
-}
+  // Byte offset in a SmemLayoutV16 tile of the 128-byte row that holds key `key`'s d values
+  // 64 half .. 64 half + 63 (an SW128 atom's row: its swizzle permutes the row's 16-byte chunks
+  // only; tests/build checks that every element of the pair lies in that row).
+  CUTLASS_HOST_DEVICE static int v16_row_bytes(int key, int half) {
+    return static_cast<int>(SmemLayoutV16{}(make_coord(64 * half, key))) / 64 * 128;
+  }
+};
 
 }  // namespace sm90
 }  // namespace exact_fp8

@@ -58,7 +58,9 @@ std::string check_sequences(const NVTEExactFP8AttentionSm90Args &a) {
 }
 
 std::string check(const NVTEExactFP8AttentionSm90Args &a) {
-  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return "head_dim must be 64 or 128, got " + std::to_string(a.head_dim);
+  }
   if (a.batch < 1 || a.seqlen_q < 1 || a.seqlen_kv < 0 || a.heads < 1 || a.heads_kv < 1) {
     return "batch, seqlen_q, heads and heads_kv must be >= 1 and seqlen_kv >= 0";
   }
@@ -70,8 +72,8 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
     return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
   }
-  if (a.fp8_v_everywhere && a.dtype != NVTE_EXACT_FP8_BFLOAT16) {
-    return "fp8_v_everywhere (the leaky variant) is built for bf16 only";
+  if (a.fp8_v_everywhere && (a.dtype != NVTE_EXACT_FP8_BFLOAT16 || a.head_dim != 128)) {
+    return "fp8_v_everywhere (the leaky variant) is built for bf16 and d = 128 only";
   }
   // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
   // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles of dense samples only.
@@ -136,9 +138,12 @@ NVTEExactFP8Status cast_failed(NVTEExactFP8Status status, const char *what) {
 
 }  // namespace
 
-NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
-  using Fp8 = KernelTraits::Fp8;
-  using Bf16 = KernelTraits::Bf16;
+// The forward of head dim kHeadDim (a checked call).
+template <int kHeadDim>
+NVTEExactFP8Status launch_head_dim(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
+  using Traits = KernelTraits<kHeadDim>;
+  using Fp8 = typename Traits::Fp8;
+  using Bf16 = typename Traits::Bf16;
   const bool thd = is_thd(a);
   const int32_t b = static_cast<int32_t>(a.batch), h = static_cast<int32_t>(a.heads);
   const int32_t h_kv = static_cast<int32_t>(a.heads_kv);
@@ -152,7 +157,7 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   // V's tensor map: (d, rows, h_kv, samples) = (d, s_kv, h_kv, b) dense, (d, t_kv, h_kv, 1) thd
   const int32_t v_rows = thd ? t_kv_desc : (s_kv > 0 ? s_kv : 1), v_samples = thd ? 1 : b;
 
-  KernelParams kp{};
+  KernelParams<Traits> kp{};
   AttentionParams &p = kp.p;
   p.q_scale = a.q_scale;
   p.k_scale = a.k_scale;
@@ -190,19 +195,20 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   kp.v_samples = v_samples;
   kp.vt_width = width;
 
-  using G = GmemLayouts;
+  using G = GmemLayouts<Traits>;
   const int64_t d = kHeadDim;
   // Q8 [h, t_q, d] as (t_q, d, h)
   auto mQ = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.q8)),
-                        G::ShapeRows{t_q, kHeadDim, h}, G::StrideRows{d, _1{}, t_q * d});
+                        typename G::ShapeRows{t_q, kHeadDim, h},
+                        typename G::StrideRows{d, _1{}, t_q * d});
   // K8 [h_kv, t_kv, d] as (t_kv, d, h_kv)
   auto mK = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.k8)),
-                        G::ShapeRows{t_kv_desc, kHeadDim, h_kv},
-                        G::StrideRows{d, _1{}, int64_t(t_kv_desc) * d});
+                        typename G::ShapeRows{t_kv_desc, kHeadDim, h_kv},
+                        typename G::StrideRows{d, _1{}, int64_t(t_kv_desc) * d});
   // V8^T [h_kv, d, width] as (d, width, h_kv)
   auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
-                         G::ShapeRows{kHeadDim, width, h_kv},
-                         G::StrideVt{int64_t(width), _1{}, d * width});
+                         typename G::ShapeRows{kHeadDim, width, h_kv},
+                         typename G::StrideVt{int64_t(width), _1{}, d * width});
   // V [b, s_kv, h_kv, d] or [t_kv, h_kv, d], bf16 or fp16 (its strides), as (d, rows, h_kv,
   // samples): the tensor map moves 16-bit words as they are (GmemLayouts::TmaV16), so one
   // serves both dtypes
@@ -210,22 +216,25 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   const int64_t v_sb = thd ? int64_t(v_rows) * v_ss
                            : (a.v_stride_batch ? a.v_stride_batch : int64_t(v_rows) * h_kv * d);
   auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
-                        G::ShapeV{kHeadDim, v_rows, h_kv, v_samples},
-                        G::StrideV{_1{}, v_ss, d, v_sb});
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, KernelTraits::SmemLayoutFp8{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, KernelTraits::SmemLayoutFp8{});
-  kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, KernelTraits::SmemLayoutFp8{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, KernelTraits::SmemLayoutV16{});
+                        typename G::ShapeV{kHeadDim, v_rows, h_kv, v_samples},
+                        typename G::StrideV{_1{}, v_ss, d, v_sb});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutRows{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutRows{});
+  kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, typename Traits::SmemLayoutVt{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV16{});
 
-  const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
+  const int smem = static_cast<int>(sizeof(typename Traits::SharedStorage)) + 1024;
   // The mask-exact kernel for the input dtype, or the leaky benchmark / negative-control variant
-  // (kernel.h; bf16 only, check()).
-  using Fp16 = KernelTraits::Fp16;
+  // (kernel.h; bf16 and d = 128 only, check()). allow_dynamic_smem keeps one flag per slot and
+  // kernel type (the head dims' kernels differ in type).
+  using Fp16 = typename Traits::Fp16;
   const bool leaky = a.fp8_v_everywhere != 0;
   const bool fp16 = a.dtype == NVTE_EXACT_FP8_FLOAT16;
-  auto kernel = leaky  ? attention_fwd_kernel<true, Bf16>
-                : fp16 ? attention_fwd_kernel<false, Fp16>
-                       : attention_fwd_kernel<false, Bf16>;
+  auto kernel = fp16 ? attention_fwd_kernel<Traits, false, Fp16>
+                     : attention_fwd_kernel<Traits, false, Bf16>;
+  if constexpr (kHeadDim == 128) {
+    if (leaky) kernel = attention_fwd_kernel<Traits, true, Bf16>;
+  }
   cudaError_t err = leaky  ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
                     : fp16 ? allow_dynamic_smem<SmemSlot::kForwardFp16>(kernel, smem)
                            : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
@@ -235,6 +244,10 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t s
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   return NVTE_EXACT_FP8_SUCCESS;
+}
+
+NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
+  return a.head_dim == 64 ? launch_head_dim<64>(a, stream) : launch_head_dim<128>(a, stream);
 }
 
 }  // namespace sm90

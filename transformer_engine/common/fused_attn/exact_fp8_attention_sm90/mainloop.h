@@ -88,10 +88,12 @@ CUTLASS_HOST_DEVICE int tail_visit(AttentionParams const &p, Sequence const &s,
   return tail ? r.visit(kt) : -1;
 }
 
-// Global tensors of the TMA loads (cute's (rows, contiguous, batch...) mode order).
+// Global tensors of the TMA loads (cute's (rows, contiguous, batch...) mode order), for the
+// tiles of Traits (KernelTraits<d>).
+template <class Traits>
 struct GmemLayouts {
-  using Fp8 = KernelTraits::Fp8;
-  using Bf16 = KernelTraits::Bf16;
+  using Fp8 = typename Traits::Fp8;
+  using Bf16 = typename Traits::Bf16;
   // [h, t_q, d] E4M3 as (t_q, d, h); [h_kv, t_kv, d] as (t_kv, d, h_kv)
   using ShapeRows = Shape<int32_t, int32_t, int32_t>;
   using StrideRows = Stride<int64_t, _1, int64_t>;
@@ -102,23 +104,29 @@ struct GmemLayouts {
   using ShapeV = Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideV = Stride<_1, int64_t, int64_t, int64_t>;
 
-  using TmaFp8 = decltype(make_tma_copy(
+  using TmaRows = decltype(make_tma_copy(
       SM90_TMA_LOAD{},
       make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(nullptr)), ShapeRows{}, StrideRows{}),
-      KernelTraits::SmemLayoutFp8{}));
+      typename Traits::SmemLayoutRows{}));
+  using TmaVt = decltype(make_tma_copy(
+      SM90_TMA_LOAD{},
+      make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(nullptr)), ShapeRows{}, StrideVt{}),
+      typename Traits::SmemLayoutVt{}));
   using TmaV16 = decltype(make_tma_copy(
       SM90_TMA_LOAD{},
       make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(nullptr)), ShapeV{}, StrideV{}),
-      KernelTraits::SmemLayoutV16{}));
+      typename Traits::SmemLayoutV16{}));
 };
 
 // Everything the kernel reads: the plain parameters and the four TMA descriptors.
+template <class Traits>
 struct KernelParams {
+  using G = GmemLayouts<Traits>;
   AttentionParams p;
-  GmemLayouts::TmaFp8 tma_q;   // Q8 tiles [128 rows, 128 d]
-  GmemLayouts::TmaFp8 tma_k;   // K8 tiles [128 keys, 128 d]
-  GmemLayouts::TmaFp8 tma_vt;  // V8^T tiles [128 d, 128 keys]
-  GmemLayouts::TmaV16 tma_v;   // V tiles [128 d, 128 keys] (boundary tiles)
+  typename G::TmaRows tma_q;  // Q8 tiles [128 rows, d]
+  typename G::TmaRows tma_k;  // K8 tiles [128 keys, d]
+  typename G::TmaVt tma_vt;   // V8^T tiles [d, 128 keys]
+  typename G::TmaV16 tma_v;   // V tiles [d, 128 keys] (boundary tiles)
   int32_t v_rows;              // V's rows per sample in the tensor map (thd: the pack's tokens)
   int32_t v_samples;           // its samples (thd: 1)
   int32_t vt_width;            // columns of V8^T
@@ -131,10 +139,11 @@ struct KernelParams {
 // barriers), K and V separately. The V tile of visit tail (tail_visit) lands on bar_v_tail
 // instead of the stage's bar_v_full: the second producer warp zeroes its keys past len_kv
 // (zero_v_tail) and then completes bar_v_full.
+template <class Traits>
 struct Producer {
-  using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  KernelParams const &kp;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  KernelParams<Traits> const &kp;
   typename Traits::SharedStorage &ss;
   Sequence const &seq;
   int batch;
@@ -191,7 +200,7 @@ struct Producer {
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(kp.p.tokens_q, int32_t(kHeadDim), kp.p.heads));
     Tensor gQ = local_tile(domain_offset(make_coord(seq.tok_q, 0), mQ(_, _, head)),
                            Shape<Int<kQTile>, Int<kHeadDim>>{}, make_coord(q_tile, 0));
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutRows{});
     auto [tQg, tQs] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                     group_modes<0, 2>(gQ));
     Barrier::arrive_and_expect_tx(&ss.bar_q, Traits::kFp8TileBytes);
@@ -207,7 +216,7 @@ struct Producer {
         kp.tma_k.get_tma_tensor(make_shape(kp.p.tokens_kv, int32_t(kHeadDim), kp.p.heads_kv));
     Tensor gK = local_tile(domain_offset(make_coord(seq.tok_kv, 0), mK(_, _, kv_head)),
                            Shape<Int<kKVTile>, Int<kHeadDim>>{}, make_coord(kt, 0));
-    Tensor sK = make_tensor(make_smem_ptr(ss.k[stage]), typename Traits::SmemLayoutFp8{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k[stage]), typename Traits::SmemLayoutRows{});
     auto [tKg, tKs] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));
     copy(kp.tma_k.with(bar), tKg, tKs);
@@ -223,7 +232,7 @@ struct Producer {
       Tensor gVt = local_tile(domain_offset(make_coord(0, vt_col0), mVt(_, _, kv_head)),
                               Shape<Int<kHeadDim>, Int<kKVTile>>{}, make_coord(0, kt));
       Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage])),
-                               typename Traits::SmemLayoutFp8{});
+                               typename Traits::SmemLayoutVt{});
       auto [tVg, tVs] = tma_partition(kp.tma_vt, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVt),
                                       group_modes<0, 2>(gVt));
       copy(kp.tma_vt.with(*bar), tVg, tVs);
@@ -248,17 +257,20 @@ struct Producer {
 // on and completes the stage's bar_v_full. SmemLayoutV16 holds each (key, 64-d half) in one
 // 128-byte row of an SW128 atom, whose swizzle permutes 16-byte chunks inside the row only
 // (tests/build checks this against cute), so the rows are zeroed whole, chunk order aside.
-CUTLASS_DEVICE void zero_v_tail(typename KernelTraits::SharedStorage &ss, int tail, int first_key) {
+template <class Traits>
+CUTLASS_DEVICE void zero_v_tail(typename Traits::SharedStorage &ss, int tail, int first_key) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kHalves = Traits::kHeadDim / 64;  // 128-byte rows of a key
   if (tail < 0) return;
   const int lane = threadIdx.x & 31;
   const int stage = tail % kStages;
   Barrier::wait(&ss.bar_v_tail, 0);
   uint8_t *v = ss.v[stage];
-  const int chunks = (kKVTile - first_key) * 2 * 8;  // 16-byte chunks: (key, half, chunk)
+  const int chunks = (kKVTile - first_key) * kHalves * 8;  // 16-byte chunks: (key, half, chunk)
   for (int c = lane; c < chunks; c += 32) {
-    const int key = first_key + (c >> 4), half = (c >> 3) & 1;
-    *reinterpret_cast<uint4 *>(v + v16_row_bytes(key, half) + 16 * (c & 7)) = uint4{0, 0, 0, 0};
+    const int key = first_key + c / (8 * kHalves), half = (c >> 3) % kHalves;
+    *reinterpret_cast<uint4 *>(v + Traits::v16_row_bytes(key, half) + 16 * (c & 7)) =
+        uint4{0, 0, 0, 0};
   }
   cutlass::arch::fence_view_async_shared();  // the zeros, before the WGMMAs (async proxy) read
   __syncwarp();
@@ -267,10 +279,10 @@ CUTLASS_DEVICE void zero_v_tail(typename KernelTraits::SharedStorage &ss, int ta
 
 // Issues S = Q8 . K8^T of one KV tile into the 64 x 128 fp32 fragment tSrS (zeroed first) as
 // one WGMMA batch; the caller waits for it (warpgroup_wait).
-template <class FragQ, class FragS>
-CUTLASS_DEVICE void issue_scores_gemm(typename KernelTraits::MmaQK &mma, FragQ const &tSrQ,
-                                      KernelTraits::Fp8 *smem_k, FragS &tSrS, int mma_thread) {
-  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename KernelTraits::SmemLayoutFp8{});
+template <class Traits, class FragQ, class FragS>
+CUTLASS_DEVICE void issue_scores_gemm(typename Traits::MmaQK &mma, FragQ const &tSrQ,
+                                      typename Traits::Fp8 *smem_k, FragS &tSrS, int mma_thread) {
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutRows{});
   Tensor tSrK = mma.get_thread_slice(mma_thread).partition_fragment_B(sK);
   warpgroup_fence_operand(tSrS);
   warpgroup_arrive();

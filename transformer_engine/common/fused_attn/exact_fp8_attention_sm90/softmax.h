@@ -274,15 +274,15 @@ CUTLASS_DEVICE void p_to_fp8_operand(FragS const &p, FragA &a) {
   }
 }
 
-// Two fp32 values as one 32-bit word of two 16-bit values of Element (KernelTraits::Bf16 or
+// Two fp32 values as one 32-bit word of two 16-bit values of Element (ElementTypes::Bf16 or
 // ::Fp16; round to nearest), the first in the low half: an output pair or an operand word.
 template <class Element>
 CUTLASS_DEVICE uint32_t pack_16bit_pair(float a, float b) {
-  if constexpr (std::is_same_v<Element, KernelTraits::Fp16>) {
+  if constexpr (std::is_same_v<Element, ElementTypes::Fp16>) {
     const __half2 h = __floats2half2_rn(a, b);
     return *reinterpret_cast<uint32_t const *>(&h);
   } else {
-    static_assert(std::is_same_v<Element, KernelTraits::Bf16>, "bf16 or fp16");
+    static_assert(std::is_same_v<Element, ElementTypes::Bf16>, "bf16 or fp16");
     const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<uint32_t const *>(&h);
   }

@@ -4,7 +4,8 @@
  * of the same subset).
  *
  * What the kernels run (docs/attention_kernel_sm90.md): bshd views (sbhd through their
- * strides), d = 128, bf16 or fp16 Q/K/V/O (the `dtype` fields), current scaling (rules v2),
+ * strides), d = 128 (the forward also 64), bf16 or fp16 Q/K/V/O (the `dtype` fields), current
+ * scaling (rules v2),
  * causal (top-left) or no mask, MHA and GQA; the forward also thd, padding masks (cu_seqlens),
  * causal bottom-right and sliding windows. The numerics are those of Note [Mask-exact FP8
  * scaling] and Note [V scale in the rescale] (exact_fp8/formats.py). Q, K and V arrive quantized
@@ -27,8 +28,6 @@
 extern "C" {
 #endif
 
-/* Head dim of this build of the kernel. */
-#define NVTE_EXACT_FP8_ATTENTION_SM90_HEAD_DIM 128
 
 /*
  * Device arrays of one forward call (all contiguous, row-major as the shapes read). Dense

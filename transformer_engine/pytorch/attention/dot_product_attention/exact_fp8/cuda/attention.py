@@ -4,7 +4,7 @@
 
 Same arguments and results as triton.attention.exact_fp8_attention_forward, for the subset the
 kernel implements so far (docs/attention_kernel_sm90.md): bshd, sbhd or thd, bf16 or fp16,
-d = 128, current scaling, every mask type of masks.py with or without a sliding window,
+d = 64 or 128, current scaling, every mask type of masks.py with or without a sliding window,
 MHA or GQA, on an sm90 GPU. Anything else raises ValueError naming what is not supported; the
 Triton backend runs it. The kernel reads and writes bshd views or thd packs: an sbhd call runs it
 on the bshd views of Q, K, V and O (the casts read any strides; V's tensor map and the epilogue
@@ -45,7 +45,7 @@ __all__ = [
     "unsupported_reason",
 ]
 
-HEAD_DIMS = (128,)
+HEAD_DIMS = (64, 128)
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}  # NVTEExactFP8DType
 # The C API's `causal`: no causal bound (windows align bottom-right), causal top-left, causal
 # bottom-right (masks.allowed_positions).
@@ -64,7 +64,7 @@ def extension_has_kernel() -> bool:
 def _unsupported(what: str) -> ValueError:
     return ValueError(
         f"the sm90 CUDA attention kernel does not support {what} yet (it runs bshd, sbhd or thd,"
-        f" bf16 or fp16, d = {HEAD_DIMS[0]}, current scaling, every mask type and window); use"
+        f" bf16 or fp16, d = 64 or 128, current scaling, every mask type and window); use"
         " the Triton backend"
     )
 
@@ -112,7 +112,7 @@ def forward_supported(
 
     q [b, s_q, h, d], k, v [b, s_kv, h_kv, d] (h % h_kv == 0; sbhd: [s, b, ...]; thd: [t, h, d]
     with cu_seqlens_q / cu_seqlens_kv, and cu_seqlens_*_padded for padded allocations), bf16 or
-    fp16 (all three alike), d = 128; out: q's shape and dtype, contiguous; lse [h, t_q] fp32
+    fp16 (all three alike), d = 64 or 128; out: q's shape and dtype, contiguous; lse [h, t_q] fp32
     (t_q: b * s_q, or thd's t; natural log; -inf and out 0 for a row that sees no key and for
     padding). q_fp8: Q already quantized (data [h, t_q, d] e4m3, scale_inv [h, t_q] fp32).
     cu_seqlens_q / cu_seqlens_kv: the real lengths of bshd / sbhd samples under a padding mask
@@ -366,6 +366,8 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
         return _unsupported("fp8_v_everywhere (the leaky variant) with s_kv not a multiple of 128")
     if get("fp8_v_everywhere") and q.dtype != torch.bfloat16:
         return _unsupported(f"fp8_v_everywhere (the leaky variant) in {q.dtype} (bf16 only)")
+    if get("fp8_v_everywhere") and q.shape[-1] != 128:
+        return _unsupported(f"fp8_v_everywhere (the leaky variant) at d = {q.shape[-1]} (128 only)")
     try:
         _check(q, k, v, kwargs["recipe"], get("qkv_format", "bshd"),
                get("attn_mask_type", "causal"), get("window_size"))  # fmt: skip

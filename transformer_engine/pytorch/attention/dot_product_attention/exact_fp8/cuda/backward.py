@@ -3,9 +3,9 @@
     dq, dk, dv = exact_fp8_attention_backward(q, k, v, out, d_out, lse, recipe="current")
 
 Same arguments, results and numerics as triton.backward.exact_fp8_attention_backward, for the
-subset the CUDA forward runs (bshd or sbhd, bf16 or fp16, d = 128, current scaling, causal
-(top-left) or no mask, MHA or GQA; cuda.attention.unsupported_reason decides; a
-causal_bottom_right call runs the Triton backward). The kernels read V and dO and write the
+subset of the CUDA forward's calls it runs (bshd or sbhd, bf16 or fp16, d = 128, current
+scaling, causal (top-left) or no mask, MHA or GQA; backward_supported decides: bottom-right
+causal, padding masks, thd, sliding windows and d = 64 run the Triton backward). The kernels read V and dO and write the
 gradients through their batch and sequence strides: an sbhd call passes the bshd views, no
 copies. Q and K are quantized again by the forward's own casts (the forward's FP8 operands bit for
 bit, Note [Mask-exact FP8 scaling]); D and LSE2 come from the Triton backward's preprocess kernel
@@ -63,8 +63,9 @@ def backward_supported(q, k, v, **kwargs) -> Optional[str]:
     window = forward.get("window_size")
     if window is not None and tuple(window) not in _MASKS[mask]:
         return f"the CUDA backward runs no sliding window, got window_size {tuple(window)}"
+    if q.shape[-1] != 128:
+        return f"the CUDA backward runs d = 128, not d = {q.shape[-1]}"
     return unsupported_reason(q, k, v, **forward)
-
 
 
 def exact_fp8_attention_backward(
