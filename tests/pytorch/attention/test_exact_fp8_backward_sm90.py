@@ -111,6 +111,8 @@ def test_backward_backend_is_chosen_for_what_it_runs(monkeypatch):
     for kw in (
         dict(recipe="mxfp8", attn_mask_type="causal"),
         dict(recipe="current", attn_mask_type="causal_bottom_right"),
+        dict(recipe="current", attn_mask_type="padding_causal"),
+        dict(recipe="current", attn_mask_type="causal", window_size=(32, 0)),
         dict(recipe="current", attn_mask_type="causal", unguarded=True),
     ):
         assert kernels.choose_backward_backend(q, k, v, **kw) == "triton", kw
