@@ -525,16 +525,27 @@ def _forward(case, backend, q=None, k=None, v=None):
     return kernels.attention_forward(q, k, v, backend=backend, recipe="current", **case.kw)
 
 
+# Note [Padding masks and thd on the CUDA forward] (cuda/attention.py): held back, they run the
+# Triton kernel; their tests below run once the CUDA path takes them again.
+HELD_BACK = pytest.mark.skip(reason="padding masks and thd are held back from the CUDA forward")
+
+
+def _held_back(name):
+    return "window-" not in name
+
+
 def test_sequences_and_windows_run_the_cuda_kernel(monkeypatch):
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     for name, make in SEQUENCE_CASES.items():
         case = make(torch.bfloat16)
         chosen = kernels.choose_backend(case.q, case.k, case.v, recipe="current", **case.kw)
-        assert chosen == "cuda", name
+        assert chosen == ("triton" if _held_back(name) else "cuda"), name
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(SEQUENCE_CASES))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=HELD_BACK) if _held_back(n) else n for n in SEQUENCE_CASES]
+)
 def test_sequences_and_windows_agree_with_the_triton_kernel_and_fp64(name, dtype):
     """Padding masks, thd packs (with and without padded allocations) and sliding windows: real
     rows within test_agrees_with_the_triton_kernel's tolerance of the Triton kernel (half the
@@ -570,6 +581,7 @@ def test_sequences_and_windows_agree_with_the_triton_kernel_and_fp64(name, dtype
 GARBAGE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "max": BF16_MAX}
 
 
+@HELD_BACK
 @pytest.mark.parametrize("garbage", list(GARBAGE) + ["random-large"])
 @pytest.mark.parametrize(
     "name", ["bshd-padding_causal", "bshd-padding", "thd-padded-allocation", "thd-window"]
@@ -633,6 +645,7 @@ def test_keys_outside_the_window_change_no_bit(name, seed):
     assert not torch.equal(out2[:, sees.cuda()], out[:, sees.cuda()])  # control: j is seen
 
 
+@HELD_BACK
 @pytest.mark.parametrize("name", ["thd-padding_causal", "thd-padding-cross", "thd-window"])
 def test_thd_sequences_are_isolated(name):
     """Every token of sequence 1 (any finite values, V scales far apart) changes no bit of the
@@ -694,6 +707,7 @@ def test_d64_future_changes_no_prefix_bit(t, mask):
     assert torch.equal(rows(lse2), rows(lse))
 
 
+@HELD_BACK
 @pytest.mark.parametrize("garbage", ["nan", "inf", "max"])
 def test_d64_thd_padding_garbage_changes_no_output_bit(garbage):
     """A padded thd pack at d = 64 (the tail V zeroed in its one 128-byte row per key)."""
