@@ -11,7 +11,7 @@
 #          test_exact_fp8_backward.py -k BACKWARD_K (default: the current-scaling checks that
 #          take the CUDA backward, and the leaky controls on the Triton one);
 #   speed  benchmarks/attention/bench_backward.py (ROUNDS, SPEED_ARGS), its table printed last;
-#   profile  Nsight Compute (full set) on the dK/dV and dQ kernels of one causal backward at
+#   profile  Nsight Compute (full set) on the backward kernel and the dQ store of one causal backward at
 #          SHAPE (default 2,16,16,8192): $OUT/bwd.ncu-rep, its details page $OUT/ncu_bwd.txt;
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on the backward kernels over
 #          the small shapes of profile_sm90.py --backward --small ($OUT/sanitizer_*.txt).

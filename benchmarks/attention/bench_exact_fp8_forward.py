@@ -58,6 +58,9 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     dequantized_operands,
     reference_attention,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.sequences import (  # noqa: E402,E501
+    sequences,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
     cosine_similarity,
     host_us_per_call,
@@ -249,7 +252,7 @@ def _sdpa(q, k, v, backend):
 
 def _exact_parts(q, k, v, recipe, leaky=False):
     """(full forward incl. quantization, K/V quantization alone, kernel alone (boundary_n))."""
-    seqs = attention._sequences(q, k, "bshd", "causal", None, None, None, None, None)
+    seqs = sequences(q, k, "bshd", "causal", None, None, None, None, None)
 
     def quant():
         return (

@@ -52,6 +52,9 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (  # noqa: E402,E501
     dequantized_operands,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.sequences import (  # noqa: E402,E501
+    sequences,
+)
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
     error_metrics,
 )
@@ -217,7 +220,7 @@ def _sdpa(q, k, v, backend):
 
 def _v2_parts(q, k, v, recipe, config):
     """(forward incl. K/V quantization with launch `config`, kernel alone, quantization alone)."""
-    seqs = attention._sequences(q, k, "bshd", "causal", None, None, None, None, None)
+    seqs = sequences(q, k, "bshd", "causal", None, None, None, None, None)
 
     def quant():
         return (

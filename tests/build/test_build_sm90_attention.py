@@ -67,6 +67,26 @@ def test_tensor_maps_are_encoded_through_the_modules_own_entry_point(compiled, t
     assert " GLOBAL " in line and " HIDDEN " in line and " UND " not in line, line
 
 
+def test_c_api_refuses_invalid_calls_before_device_work(compiled, tmp_path):
+    """The forward's C API checks (sequences, windows, the leaky variant's limits, the quantizing
+    forward's dense-only rule) return NVTE_EXACT_FP8_INVALID_ARGUMENT with their messages before
+    any cast, tensor map or launch: c_api_check.cu, a host program linked against the compiled
+    launcher (no GPU)."""
+    obj, _ = compiled
+    exe = tmp_path / "c_api_check"
+    source = cmake_build.REPO_ROOT / "tests" / "build" / "c_api_check.cu"
+    cmd = [
+        str(env.find_nvcc()),
+        "-std=c++17",
+        f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}",
+    ]
+    result = subprocess.run(cmd + [str(source), str(obj), "-o", str(exe)], capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:]
+
+
 @pytest.fixture(scope="module")
 def compiled_backward(tmp_path_factory):
     """(object file, nvcc's output with ptxas -v) of the backward kernels for sm_90a."""
@@ -84,7 +104,7 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
     obj, log = compiled_backward
     assert "warning" not in log.lower(), log[-4000:]
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
-    for name in ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"):
+    for name in ("attention_bwd_kernel", "attention_bwd_dq_store_kernel"):
         assert any(name in k for k in kernels), (name, log[-2000:])
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and all(s == ("0", "0") for s in spills), spills
@@ -92,6 +112,35 @@ def test_backward_kernels_compile_without_spills(compiled_backward):
     assert re.search(r"\bT nvte_exact_fp8_attention_sm90_bwd\b", symbols)
     undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True).stdout
     assert "cudaGetDriverEntryPoint" not in undefined
+
+
+def _run_host_check(tmp_path, name):
+    """Compile and run tests/build/<name>.cu (a host program over the kernels' headers): its
+    output must be "ok"."""
+    exe = tmp_path / name
+    source = cmake_build.REPO_ROOT / "tests" / "build" / f"{name}.cu"
+    cmd = [str(env.find_nvcc()), "-std=c++17", "--expt-relaxed-constexpr"]
+    cmd += [f"-I{cmake_build.REPO_ROOT}", f"-I{cmake_build.REPO_ROOT / cmake_build.INCLUDE_DIR}"]
+    cmd += [f"-I{fetch.cutlass_include_dir()}"]
+    result = subprocess.run(cmd + [str(source), "-o", str(exe)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:]
+
+
+def test_forward_kv_tile_ranges_follow_the_masks(tmp_path):
+    """kv_tile_range (which KV tiles a query tile visits, which of them use FP8 V), the visit
+    order, the element-wise mask, the tail visit whose V is zeroed past the sequence and the
+    rows that zeroing clears, against the masks: brute force over lengths, causal types,
+    windows and padding (forward_tile_check.cu, a host program: no GPU)."""
+    _run_host_check(tmp_path, "forward_tile_check")
+
+
+def test_backward_shared_memory_places_match_cute(tmp_path):
+    """The backward's hand-computed dS addresses and the warpgroups' dQ halves against cute's
+    layouts and fragments, and the dQ contributions' order over many shapes (the kernel's own
+    step walk and counts: backward_layout_check.cu, a host program, no GPU)."""
+    _run_host_check(tmp_path, "backward_layout_check")
 
 
 def test_cmake_builds_the_sources_and_flags_of_compile_only():

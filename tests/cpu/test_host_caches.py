@@ -4,7 +4,7 @@ would allocate.
 
   * triton/launch.py: specialization_key against Triton's own specialization, and
     CompiledLauncher's hit / miss / bypass logic with a stand-in JIT function;
-  * triton/attention.py: the dense _Sequences cache (keyed per shape and device, bypassed under
+  * sequences.py: the dense Sequences cache (keyed per shape and device, bypassed under
     capture);
   * quantize.py: the dense V-cast sizes against their uncached computation;
   * cuda/attention.py: the one-call forward's workspace layout (per shape) and its dense V
@@ -203,14 +203,11 @@ def test_compiled_launcher_leaves_partial_signatures_and_the_interpreter_to_the_
 
 
 # ---------------------------------------------------------------------------------------------
-# Dense sequences (Triton launcher) and V-cast sizes (quantize)
+# Dense sequences (sequences.py) and V-cast sizes (quantize)
 
 
 def test_dense_sequences_cache_is_keyed_per_shape_and_skipped_under_capture(monkeypatch):
-    pytest.importorskip("triton")
-    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton import (
-        attention,
-    )
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import sequences
 
     built = []
 
@@ -218,27 +215,27 @@ def test_dense_sequences_cache_is_keyed_per_shape_and_skipped_under_capture(monk
         built.append((batch, step, device))
         return object()
 
-    monkeypatch.setattr(attention, "dense_offsets", offsets)
+    monkeypatch.setattr(sequences, "dense_offsets", offsets)
     monkeypatch.setattr(
-        attention, "_cached_dense_sequences", attention.functools.lru_cache(maxsize=64)(
-            attention._build_dense_sequences
+        sequences, "_cached_dense_sequences", sequences.functools.lru_cache(maxsize=64)(
+            sequences._build_dense_sequences
         ),
     )  # fmt: skip
     cuda = torch.device("cuda", 0)
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    a = attention._dense_sequences(2, 128, 256, cuda)
-    assert attention._dense_sequences(2, 128, 256, cuda) is a and len(built) == 2
+    a = sequences.dense_sequences(2, 128, 256, cuda)
+    assert sequences.dense_sequences(2, 128, 256, cuda) is a and len(built) == 2
     assert (a.num_seqs, a.span_q, a.span_kv, a.varlen, a.align_v) == (2, 128, 256, False, False)
-    assert attention._dense_sequences(2, 128, 250, cuda).align_v  # a new shape, aligned V
-    assert attention._dense_sequences(2, 128, 256, torch.device("cuda", 1)) is not a
+    assert sequences.dense_sequences(2, 128, 250, cuda).align_v  # a new shape, aligned V
+    assert sequences.dense_sequences(2, 128, 256, torch.device("cuda", 1)) is not a
     n = len(built)
     capturing[0] = True  # a capture builds fresh offsets (filled by the graph's replays)
-    c = attention._dense_sequences(2, 128, 256, cuda)
+    c = sequences.dense_sequences(2, 128, 256, cuda)
     assert c is not a and len(built) == n + 2
-    assert attention._dense_sequences(2, 128, 256, cuda) is not c
+    assert sequences.dense_sequences(2, 128, 256, cuda) is not c
     capturing[0] = False
-    assert attention._dense_sequences(2, 128, 256, cuda) is a
+    assert sequences.dense_sequences(2, 128, 256, cuda) is a
 
 
 @pytest.mark.parametrize("chunk", quantize.CHUNK_SIZES)

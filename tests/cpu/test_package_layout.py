@@ -135,7 +135,7 @@ def test_cuda_backend_is_listed_and_chosen_only_where_it_runs(monkeypatch):
     is not available, and then the default (auto) choice is the Triton kernel."""
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     assert kernels.BACKENDS == ("triton", "cuda")
-    assert kernels.head_dims("cuda") == (128,)
+    assert kernels.head_dims("cuda") == (64, 128)
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
 
     sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -163,9 +163,9 @@ def test_auto_choice_sends_a_leaky_call_the_cuda_kernel_refuses_to_triton(monkey
     "change,match",
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
-        (dict(qkv_format="thd"), "qkv_format 'thd'"),
-        (dict(attn_mask_type="padding"), "attn_mask_type 'padding'"),
-        (dict(window_size=(64, 0)), "window_size \\(64, 0\\)"),
+        (dict(qkv_format="thd"), "padding masks and thd"),
+        (dict(fp8_v_everywhere=True, attn_mask_type="padding"), "leaky variant"),
+        (dict(fp8_v_everywhere=True, window_size=(64, 0)), "leaky variant"),
     ],
 )
 def test_cuda_backend_refuses_what_it_does_not_run(change, match):
@@ -201,21 +201,122 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     reasons = {
         "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
-        "format": attention.unsupported_reason(q, q, q, recipe="current", qkv_format="thd"),
-        "mask": attention.unsupported_reason(q, q, q, recipe="current", attn_mask_type="padding"),
-        "dtype": attention.unsupported_reason(*(q.half(),) * 3, recipe="current"),
+        "dtype": attention.unsupported_reason(q.float(), q.float(), q.float(), recipe="current"),
+        "mixed": attention.unsupported_reason(q, q.half(), q, recipe="current"),
+        "leaky fp16": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.half),) * 3,
+            recipe="current",
+            fp8_v_everywhere=True,
+        ),
+        "leaky padding": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            attn_mask_type="padding_causal",
+            fp8_v_everywhere=True,
+        ),
+        "leaky window": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            window_size=(64, 0),
+            fp8_v_everywhere=True,
+        ),
+        "leaky d = 64": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 64, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            fp8_v_everywhere=True,
+        ),
+        "leaky right window": attention.unsupported_reason(
+            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+            recipe="current",
+            attn_mask_type="no_mask",
+            window_size=(-1, 0),
+            fp8_v_everywhere=True,
+        ),
+        "thd without cu_seqlens": attention.unsupported_reason(
+            q[0], q[0], q[0], recipe="current", qkv_format="thd"
+        ),
+        "thd 4-d": attention.unsupported_reason(
+            q, q, q, recipe="current", qkv_format="thd", cu_seqlens_q=1, cu_seqlens_kv=1
+        ),
     }
     assert "recipe 'mxfp8'" in reasons["recipe"]
-    assert "qkv_format 'thd'" in reasons["format"]
-    # sbhd is the kernel's (on bshd views): these CPU tensors fail a later check, not the format's
-    sbhd = attention.unsupported_reason(q, q, q, recipe="current", qkv_format="sbhd")
-    assert "qkv_format" not in sbhd and "sm90 GPU" in sbhd
-    assert "attn_mask_type 'padding'" in reasons["mask"]
-    assert "bf16 only" in reasons["dtype"]
+    assert "bf16 or fp16, all three alike" in reasons["dtype"]
+    assert "bf16 or fp16, all three alike" in reasons["mixed"]
+    assert "leaky variant" in reasons["leaky fp16"] and "bf16 only" in reasons["leaky fp16"]
+    assert "leaky variant" in reasons["leaky padding"] and "padding" in reasons["leaky padding"]
+    assert "leaky variant" in reasons["leaky window"] and "window" in reasons["leaky window"]
+    assert "window" in reasons["leaky right window"]
+    assert "d = 64 (128 only)" in reasons["leaky d = 64"]
+    causal_leaky = attention.unsupported_reason(
+        *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
+        recipe="current",
+        window_size=(-1, 0),
+        fp8_v_everywhere=True,
+    )  # causal's own window: the leaky variant runs it (this CPU tensor fails the device check)
+    assert "sm90 GPU" in causal_leaky
+    # held back (Note [Padding masks and thd on the CUDA forward]): the Triton kernel runs them
+    assert "padding masks and thd" in reasons["thd without cu_seqlens"]
+    assert "padding masks and thd" in reasons["thd 4-d"]
+    # The kernel's formats, masks, windows, sequences and dtypes: these CPU tensors fail the
+    # device check, not one of theirs.
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    kernel_calls = {
+        "sbhd": dict(qkv_format="sbhd"),
+        "window": dict(attn_mask_type="causal", window_size=(64, 0)),
+        "two-sided window": dict(attn_mask_type="no_mask", window_size=(64, 3)),
+        "fp16": dict(),
+        "d = 64": dict(),
+    }
+    for name, kw in kernel_calls.items():
+        x = q.half() if name == "fp16" else (q[..., :64] if name == "d = 64" else q)
+        reason = attention.unsupported_reason(x, x, x, recipe="current", **kw)
+        assert "sm90 GPU" in reason, (name, reason)
+    for kw in (
+        dict(attn_mask_type="padding"),
+        dict(attn_mask_type="padding_causal_bottom_right"),
+        dict(attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu),
+    ):
+        assert "padding masks and thd" in attention.unsupported_reason(
+            q, q, q, recipe="current", **kw
+        )
+    thd = attention.unsupported_reason(
+        q[0], q[0], q[0], recipe="current", qkv_format="thd", attn_mask_type="padding_causal",
+        cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    )  # fmt: skip
+    assert "padding masks and thd" in thd, thd
     kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
     assert "argument(s) kv_fp8" in kv
+
+
+def test_cuda_backward_refuses_what_only_the_forward_runs():
+    """Bottom-right causal, padding masks, thd and sliding windows run the CUDA forward and the
+    Triton backward: backward_supported says so before any device check."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import backward
+
+    if not backward.extension_has_backward():
+        pytest.skip("the extension was built without the sm_90a backward kernels")
+    q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    assert "cu_seqlens" in attention.unsupported_reason(q, q, q, recipe="current", cu_seqlens_q=cu)
+    refused = {
+        "causal_bottom_right": dict(attn_mask_type="causal_bottom_right"),
+        "padding": dict(attn_mask_type="padding"),
+        "padding_causal": dict(attn_mask_type="padding_causal"),
+        "window": dict(attn_mask_type="causal", window_size=(64, 0)),
+        "no_mask window": dict(attn_mask_type="no_mask", window_size=(-1, 0)),
+    }
+    for name, kw in refused.items():
+        reason = backward.backward_supported(q, q, q, recipe="current", **kw)
+        assert reason is not None and "CUDA backward" in reason, (name, reason)
+    thd = backward.backward_supported(
+        q[0], q[0], q[0], recipe="current", qkv_format="thd", attn_mask_type="causal",
+        cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    )  # fmt: skip
+    assert "thd" in thd
+    d64 = backward.backward_supported(q[..., :64], q[..., :64], q[..., :64], recipe="current")
+    assert "d = 128" in d64
+    for window in (None, (-1, -1), (-1, 0)):  # no window: the device check speaks
+        reason = backward.backward_supported(q, q, q, recipe="current", window_size=window)
+        assert "CUDA backward" not in reason and "sm90 GPU" in reason, reason
 
 
 def test_last_backend_records_the_backend_that_ran(monkeypatch):
@@ -228,3 +329,33 @@ def test_last_backend_records_the_backend_that_ran(monkeypatch):
     q = torch.zeros(1, 2, 1, 64)
     kernels.attention_forward(q, q, q, backend="triton", recipe="current")
     assert kernels.last_backend() == "triton"
+
+
+def test_bshd_view_is_a_view_and_its_own_inverse():
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (
+        bshd_view,
+    )
+
+    bshd = torch.arange(2 * 3 * 4 * 8.0).view(2, 3, 4, 8)
+    assert bshd_view(bshd, "bshd") is bshd
+    sbhd = bshd.transpose(0, 1).contiguous()
+    view = bshd_view(sbhd, "sbhd")
+    assert view.data_ptr() == sbhd.data_ptr() and torch.equal(view, bshd)
+    assert torch.equal(bshd_view(view, "sbhd"), sbhd)
+    with pytest.raises(ValueError, match="bshd or sbhd"):
+        bshd_view(bshd.flatten(0, 1), "thd")
+
+
+def test_cuda_kernel_view_keeps_bshd_and_sbhd_views_and_copies_the_rest():
+    """cuda.attention.kernel_view: the CUDA kernel reads V and writes O through batch and
+    sequence strides (heads d apart, d contiguous, strides multiples of 8 elements for TMA), so
+    a bshd tensor and the bshd view of an sbhd one pass as they are; anything else is copied."""
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
+
+    bshd = torch.zeros(2, 5, 3, 128, dtype=torch.bfloat16)
+    assert attention.kernel_view(bshd) is bshd
+    sbhd = torch.zeros(5, 2, 3, 128, dtype=torch.bfloat16).transpose(0, 1)
+    assert attention.kernel_view(sbhd) is sbhd
+    narrow = torch.zeros(2, 5, 3, 256, dtype=torch.bfloat16)[..., :128]  # heads 256 apart
+    copied = attention.kernel_view(narrow)
+    assert copied.is_contiguous() and torch.equal(copied, narrow)

@@ -24,6 +24,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.format
     compute_scale_from_amax,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import SeqLayout
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.sequences import sequences
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
     aligned_columns_reference,
 )
@@ -176,7 +177,7 @@ def test_thd_sequences_sit_at_aligned_v_columns(recipe):
     cu = torch.tensor([0, 5, 70, 70, 133, 200], dtype=torch.int32)
     v = torch.randn(200, 2, 64, generator=torch.Generator().manual_seed(0)).half()
     q = torch.zeros(200, 4, 64, dtype=torch.float16)
-    seqs = attention._sequences(q, v, "thd", "padding_causal", cu, cu, None, None, None)
+    seqs = sequences(q, v, "thd", "padding_causal", cu, cu, None, None, None)
     assert seqs.align_v
     _check_aligned(*_quantized_v(v, "thd", seqs, recipe), cu.tolist())
 
@@ -186,7 +187,7 @@ def test_dense_samples_sit_at_aligned_v_columns(qkv_format):
     b, s = 3, 37
     shape = (b, s, 2, 64) if qkv_format == "bshd" else (s, b, 2, 64)
     v = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).half()
-    seqs = attention._sequences(v, v, qkv_format, "causal", None, None, None, None, None)
+    seqs = sequences(v, v, qkv_format, "causal", None, None, None, None, None)
     assert seqs.align_v
     _check_aligned(*_quantized_v(v, qkv_format, seqs, "current"), [0, s, 2 * s, 3 * s])
 
@@ -197,7 +198,7 @@ def test_thd_aligned_starts_keep_the_plain_columns():
     column."""
     cu = torch.tensor([0, 32, 32, 160, 173], dtype=torch.int32)  # only the end is off the grid
     v = torch.randn(173, 2, 64, generator=torch.Generator().manual_seed(2)).half()
-    seqs = attention._sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
+    seqs = sequences(v, v, "thd", "padding_causal", cu, cu, None, None, None)
     assert seqs.align_v
     (v8t, _, _, cu_vt), own = _quantized_v(v, "thd", seqs, "current")
     width = own[0].shape[-1]

@@ -29,6 +29,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
     reference_attention,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import to_tokens
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.sequences import sequences
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.audit.scenarios import (
     REPORT_SCENARIOS,
     RANDOM_SCENARIOS,
@@ -212,7 +213,7 @@ def test_launch_config_changes_no_output_bit(recipe, leaky):
     """block_m / num_warps / num_stages are launch parameters: the same bits for every one."""
     gen = torch.Generator().manual_seed(8)
     q, k, v = (_outlier_rows(gen, (2, 333, 4, 128), torch.bfloat16).cuda() for _ in range(3))
-    seqs = attention._sequences(q, k, "bshd", "causal", None, None, None, None, None)
+    seqs = sequences(q, k, "bshd", "causal", None, None, None, None, None)
     k_fp8 = attention._quantize_k(k, "bshd", recipe, False, 0.0)
     v_fp8 = attention._quantize_v(v, "bshd", seqs, recipe, False, 0.0)
     outs = [

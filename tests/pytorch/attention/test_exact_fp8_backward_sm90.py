@@ -1,8 +1,8 @@
 """GPU tests of the sm_90a CUDA attention backward (exact_fp8/cuda/backward.py, the "cuda"
 backend's backward; docs/backward.md, "The sm90 CUDA backward").
 
-For the subset it runs (bshd and sbhd, bf16, d = 128, current scaling, causal / no_mask, MHA and
-GQA):
+For the subset it runs (bshd and sbhd, bf16 and fp16, d = 128, current scaling, causal /
+no_mask, MHA and GQA):
 - headline: bitwise invariance (torch.equal) of every gradient a mask hides from a perturbation:
   a loss over rows <= t, the tokens after t replaced by finite values of every magnitude bf16
   holds (no control needed: for finite values the backward's arithmetic leaves no path, see
@@ -44,13 +44,19 @@ def _skip_reason():
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
 MASKS = ("causal", "no_mask")
-# (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, s_q != s_kv, MHA, GQA and MQA.
+DTYPES = [torch.bfloat16, torch.float16]  # the inputs', the 16-bit operands' and the gradients'
+# (b, s_q, s_kv, h, h_kv): tile-aligned and ragged lengths, s_q != s_kv, MHA, GQA and MQA; one
+# row block added to by many key tiles (the longest chain of Note [Ordered dQ accumulation]), a
+# group of 8 with a key tile whose second warpgroup holds no real key, an odd batch.
 SHAPES = [
     (2, 128, 128, 4, 4),
     (2, 300, 300, 4, 2),
     (1, 1024, 1024, 4, 1),
     (2, 77, 200, 4, 4),
     (2, 384, 130, 4, 2),
+    (1, 64, 1000, 2, 2),
+    (1, 193, 129, 8, 1),
+    (3, 640, 640, 2, 2),
 ]
 
 REF_RTOL = 1.6e-2
@@ -68,15 +74,15 @@ BF16_MAX = 3.3895313892515355e38
 MAGNITUDES = (3e7, 1e3, 1e5, 1e7, 1e37, BF16_MAX)
 
 
-def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True):
-    """q, k, v, d_out: N(0, 1) in bf16, with x50 outliers (1%) when `outliers`; on the GPU."""
+def _inputs(seed, b, s_q, s_kv, h, h_kv, outliers=True, dtype=torch.bfloat16):
+    """q, k, v, d_out: N(0, 1) in `dtype`, with x50 outliers (1%) when `outliers`; on the GPU."""
     gen = torch.Generator().manual_seed(seed)
 
     def make(shape):
         x = torch.randn(*shape, generator=gen)
         if outliers:
             x = torch.where(torch.rand(*shape, generator=gen) < 0.01, 50 * x, x)
-        return x.bfloat16().cuda()
+        return x.to(dtype).cuda()
 
     return (
         make((b, s_q, h, 128)),
@@ -105,6 +111,8 @@ def test_backward_backend_is_chosen_for_what_it_runs(monkeypatch):
     for kw in (
         dict(recipe="mxfp8", attn_mask_type="causal"),
         dict(recipe="current", attn_mask_type="causal_bottom_right"),
+        dict(recipe="current", attn_mask_type="padding_causal"),
+        dict(recipe="current", attn_mask_type="causal", window_size=(32, 0)),
         dict(recipe="current", attn_mask_type="causal", unguarded=True),
     ):
         assert kernels.choose_backward_backend(q, k, v, **kw) == "triton", kw
@@ -132,10 +140,11 @@ def test_sbhd_runs_the_cuda_backward_and_equals_bshd_bit_for_bit(mask):
         assert torch.equal(g.transpose(0, 1), w)
 
 
-def test_dequantized_rows_are_the_triton_backwards_operands():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dequantized_rows_are_the_triton_backwards_operands(dtype):
     """triton.backward.dequantized_rows (the CUDA backward's Q_dq and K_dq) against its formula:
-    x8 * scale_inv in fp32, saturated to bf16's finite range, rounded to bf16; bit for bit, with
-    scales that overflow bf16 and E4M3 NaN."""
+    x8 * scale_inv in fp32, saturated to the dtype's finite range, rounded to it; bit for bit,
+    with scales that overflow the dtype and E4M3 NaN."""
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.triton.backward import (
         dequantized_rows,
     )
@@ -144,10 +153,12 @@ def test_dequantized_rows_are_the_triton_backwards_operands():
     x8 = (torch.randn(2, 300, 128, generator=gen) * 100).to(torch.float8_e4m3fn)
     x8[0, 7, 3] = float("nan")
     scale = torch.rand(2, 300, generator=gen) * 2
-    scale[1, 5] = 3e36  # 448 * 3e36 > bf16's max: saturates
+    largest = torch.finfo(dtype).max
+    scale[1, 5] = 3e36 if dtype == torch.bfloat16 else 300.0  # 448 * it > the max: saturates
     x8, scale = x8.cuda(), scale.cuda()
-    got = dequantized_rows(x8, scale)
-    want = (x8.float() * scale.unsqueeze(-1)).clamp(-BF16_MAX, BF16_MAX).bfloat16()
+    got = dequantized_rows(x8, scale, dtype)
+    want = (x8.float() * scale.unsqueeze(-1)).clamp(-largest, largest).to(dtype)
+    assert got.dtype == dtype
     assert torch.isnan(got[0, 7, 3]) and torch.isfinite(got[1, 5]).all()
     same = (got == want) | (torch.isnan(got) & torch.isnan(want))
     assert same.all()
@@ -160,17 +171,20 @@ def test_unsupported_calls_raise():
         kernels.attention_backward(q, k, v, out, d_out, lse, backend="cuda", recipe="mxfp8")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("mask", MASKS)
-def test_agrees_with_the_triton_backward_and_the_reference(mask, shape):
-    q, k, v, d_out = _inputs(1, *shape, outliers=False)  # REF_RTOL's reasoning: N(0, 1)
+def test_agrees_with_the_triton_backward_and_the_reference(mask, shape, dtype):
+    """REF_RTOL against the Triton backward and the fp64 reference, in bf16 and fp16 (fp16: the
+    16-bit operands and the gradients in fp16, a finer rounding than REF_RTOL's bf16 reasoning)."""
+    q, k, v, d_out = _inputs(1, *shape, outliers=False, dtype=dtype)  # REF_RTOL: N(0, 1)
     kw = dict(recipe="current", attn_mask_type=mask)
     fwd = kernels.attention_forward(q, k, v, backend="cuda", **kw)
     cuda = _grads(q, k, v, d_out, mask, "cuda", fwd)
     triton = _grads(q, k, v, d_out, mask, "triton", fwd)
     ref = reference_attention_backward("current", q, k, v, fwd[0], d_out, attn_mask_type=mask)
     for name, c, t, r in zip(("dq", "dk", "dv"), cuda, triton, ref):
-        assert torch.isfinite(c).all(), name
+        assert torch.isfinite(c).all() and c.dtype == dtype, name
         vs_triton = rel_frobenius_error(c.float().cpu(), t.float().cpu())
         vs_ref = rel_frobenius_error(c.cpu(), r)
         assert vs_triton < REF_RTOL and vs_ref < REF_RTOL, (name, vs_triton, vs_ref)
@@ -220,6 +234,18 @@ def test_backward_is_deterministic():
 
 
 @pytest.mark.parametrize("mask", MASKS)
+def test_dq_sum_order_is_fixed_under_contention(mask):
+    """Note [Ordered dQ accumulation]: 32 key tiles add to every row block (no mask) or up to 32
+    (causal) through the counters; repeated runs, which schedule the CTAs differently, give the
+    same bits."""
+    q, k, v, d_out = _inputs(4, 2, 4096, 4096, 8, 8)
+    first = _grads(q, k, v, d_out, mask)
+    for _ in range(4):
+        again = _grads(q, k, v, d_out, mask)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("mask", MASKS)
 def test_long_sequences_agree_with_the_triton_backward(mask):
     """160 key tiles and 160 query tiles of one (sample, head), more CTAs than the GPU holds at
     once: the gradients agree with the Triton backward's within REF_RTOL."""
@@ -235,26 +261,29 @@ def test_long_sequences_agree_with_the_triton_backward(mask):
 def _future(x, t, value, gen):
     y = x.clone()
     tail = y[:, t + 1 :]
+    largest = torch.finfo(x.dtype).max
     signs = torch.randint(0, 2, tail.shape, generator=gen).mul(2).sub(1).to(tail.device)
     y[:, t + 1 :] = (
         (signs * value * (0.5 + torch.rand(tail.shape, generator=gen).to(tail.device) / 2))
-        .clamp(-BF16_MAX, BF16_MAX)
-        .bfloat16()
+        .clamp(-largest, largest)
+        .to(x.dtype)
     )
     return y
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t", (0, 300, 511, 700))
-def test_future_values_change_no_prefix_gradient_bit(t):
+def test_future_values_change_no_prefix_gradient_bit(t, dtype):
     """A loss over rows <= t (dO = 0 after t): Q, K, V after t replaced by finite values of every
-    magnitude (one at a time and all three) change no bit of dQ at rows <= t and dK, dV at keys
-    <= t, causal, GQA, t inside a tile and on a tile's last row."""
+    magnitude the dtype holds (one at a time and all three) change no bit of dQ at rows <= t and
+    dK, dV at keys <= t, causal, GQA, t inside a tile and on a tile's last row."""
     b, s, h, h_kv = 2, 1000, 4, 2
-    q, k, v, d_out = _inputs(4, b, s, s, h, h_kv)
+    q, k, v, d_out = _inputs(4, b, s, s, h, h_kv, dtype=dtype)
     d_out[:, t + 1 :] = 0
     base = _grads(q, k, v, d_out, "causal")
     gen = torch.Generator().manual_seed(t)
-    for value in MAGNITUDES:
+    largest = torch.finfo(dtype).max
+    for value in sorted({min(m, largest) for m in MAGNITUDES}):
         for target in ("q", "k", "v", "qkv"):
             pert = [
                 _future(x, t, value, gen) if n in target else x for n, x in zip("qkv", (q, k, v))

@@ -1,7 +1,7 @@
 /*
- * Pieces both sm90 backward kernels share: the TMA loads of one tile, the WGMMA batches, the
+ * Pieces of the sm90 backward's kernels: the TMA loads of one tile, the WGMMA batches, the
  * probabilities and score gradients (the numerics of docs/backward.md, as the Triton backward
- * computes them), the fp32 -> bf16 register operands and the gradient stores.
+ * computes them), the fp32 -> 16-bit register operands and the gradient stores.
  *
  * Numerics (Note [Mask-exact FP8 scaling]; docs/backward.md): with t = (FP8 product) * key scale
  * and row_scale = q_scale * softmax_scale * log2 e, the forward's own score of (row, key),
@@ -71,30 +71,30 @@ CUTLASS_DEVICE float probability(float t, float row_scale, float lse2) {
   return x == x ? p : 0.0f;  // NaN: inf - inf of a row whose forward overflowed
 }
 
-// fp32 accumulator fragment (64 x 64) -> the bf16 A operand of a register-sourced WGMMA
-// (cute's ALayout_64x16 per 16 columns orders its values as the accumulator does).
+// fp32 accumulator fragment (64 x 64) -> the A operand of a register-sourced WGMMA in its
+// element type (bf16 or fp16; cute's ALayout_64x16 per 16 columns orders its values as the
+// accumulator does).
 template <class FragC, class FragA>
-CUTLASS_DEVICE void to_bf16_operand(FragC const &c, FragA &a) {
+CUTLASS_DEVICE void to_16bit_operand(FragC const &c, FragA &a) {
   static_assert(decltype(size(c))::value == decltype(size(a))::value, "operand fragments");
+  using Element = typename FragA::value_type;
   uint32_t *words = reinterpret_cast<uint32_t *>(raw_pointer_cast(a.data()));
 #pragma unroll
-  for (int v = 0; v < size(c); v += 2) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(c(v), c(v + 1));
-    words[v / 2] = *reinterpret_cast<uint32_t const *>(&pair);
-  }
+  for (int v = 0; v < size(c); v += 2) words[v / 2] = pack_16bit_pair<Element>(c(v), c(v + 1));
 }
 
-// Stores a warpgroup's 64 x 128 fp32 gradient fragment times `scale` as bf16 rows of a
+// Stores a warpgroup's fp32 gradient fragment times `scale` as Element (bf16 or fp16) rows of a
 // [rows, ...] tensor: row r at base + r * row_stride (elements), rows >= num_rows skipped.
-template <class Frag, class Coord>
-CUTLASS_DEVICE void store_rows(Frag const &acc, Coord const &coord, float scale,
-                               __nv_bfloat16 *base, int64_t row_stride, int row0, int num_rows) {
+template <class Element, class Frag, class Coord>
+CUTLASS_DEVICE void store_rows(Frag const &acc, Coord const &coord, float scale, void *base_ptr,
+                               int64_t row_stride, int row0, int num_rows) {
+  uint16_t *base = static_cast<uint16_t *>(base_ptr);  // 16-bit words
 #pragma unroll
   for (int v = 0; v < size(acc); v += 2) {
     const int row = row0 + get<0>(coord(v));
     if (row >= num_rows) continue;
-    *reinterpret_cast<__nv_bfloat162 *>(base + row * row_stride + get<1>(coord(v))) =
-        __floats2bfloat162_rn(acc(v) * scale, acc(v + 1) * scale);
+    *reinterpret_cast<uint32_t *>(base + row * row_stride + get<1>(coord(v))) =
+        pack_16bit_pair<Element>(acc(v) * scale, acc(v + 1) * scale);
   }
 }
 

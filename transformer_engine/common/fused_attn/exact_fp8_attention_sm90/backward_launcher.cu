@@ -1,14 +1,15 @@
 /*
  * C API of the sm90 mask-exact FP8 attention backward (exact_fp8_attention_sm90.h): argument
- * checks, the TMA descriptors and the launches of backward_dkdv.h and backward_dq.h.
+ * checks, the TMA descriptors and the launches of backward_kernel.h (dK, dV and the dQ
+ * accumulator) and of backward_dq_accum.h's store (dQ).
  */
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
-#include "backward_dkdv.h"
-#include "backward_dq.h"
+#include "backward_dq_accum.h"
+#include "backward_kernel.h"
 #include "dynamic_smem.h"
 #include "transformer_engine/exact_fp8_attention_sm90.h"
 
@@ -36,20 +37,31 @@ std::string check(const NVTEExactFP8AttentionSm90BwdArgs &a) {
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
   if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
+    return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
+  }
   const int64_t limit = INT32_MAX;
   if (a.batch * a.seqlen_q * a.heads > limit / kHeadDim ||
       a.batch * a.seqlen_kv * a.heads > limit / kHeadDim ||
-      (a.seqlen_q + kBwdTile - 1) / kBwdTile > 65535 || a.heads_kv > 65535 || a.batch > 65535) {
-    return "b * s * h * d must stay below 2^31, s_q <= 65535 * 128, h_kv and b <= 65535";
+      a.heads > 65535 || a.batch > 65535) {
+    return "b * s * h * d must stay below 2^31, h and b <= 65535";
   }
   if (!a.q8 || !a.q_dq || !a.k8 || !a.k_dq || !a.k_scale || !a.v || !a.d_out || !a.row_values ||
-      !a.dq || !a.dk || !a.dv) {
+      !a.dq || !a.dk || !a.dv || !a.dq_accum || !a.dq_count) {
     return "a device pointer is null";
   }
   if (!aligned16(a.q8) || !aligned16(a.q_dq) || !aligned16(a.k8) || !aligned16(a.k_dq) ||
       !aligned16(a.k_scale) || !aligned16(a.v) || !aligned16(a.d_out) || !aligned16(a.row_values) ||
-      !aligned16(a.dq) || !aligned16(a.dk) || !aligned16(a.dv)) {
+      !aligned16(a.dq) || !aligned16(a.dk) || !aligned16(a.dv) || !aligned16(a.dq_accum) ||
+      !aligned16(a.dq_count)) {
     return "every array must be 16-byte aligned (TMA and bulk copies)";
+  }
+  for (const int64_t stride : {a.v_stride_batch, a.v_stride_seq, a.d_out_stride_batch,
+                               a.d_out_stride_seq, a.dq_stride_batch, a.dq_stride_seq,
+                               a.dkv_stride_batch, a.dkv_stride_seq}) {
+    if (stride < 0 || stride % 8 != 0) {
+      return "the strides of v, d_out, dq, dk and dv must be non-negative multiples of 8 (TMA)";
+    }
   }
   return "";
 }
@@ -65,13 +77,16 @@ auto token_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
                      G::Stride4{d, _1{}, int64_t(b) * s * d, int64_t(s) * d});
 }
 
-/* A [b, s, heads, d] operand as (s, d, head, sample). */
+/* A [b, s, heads, d] operand (element strides stride_batch, stride_seq, d, 1; 0, 0: the
+ * contiguous layout's) as (s, d, head, sample). */
 template <class T>
-auto sample_major(const void *ptr, int32_t b, int32_t s, int32_t heads) {
+auto sample_major(const void *ptr, int32_t b, int32_t s, int32_t heads, int64_t stride_batch,
+                  int64_t stride_seq) {
   const int64_t d = kHeadDim;
+  const int64_t seq = stride_seq ? stride_seq : int64_t(heads) * d;
   return make_tensor(make_gmem_ptr(static_cast<T const *>(ptr)),
                      G::Shape4{s, int32_t(kHeadDim), heads, b},
-                     G::Stride4{int64_t(heads) * d, _1{}, d, int64_t(s) * heads * d});
+                     G::Stride4{seq, _1{}, d, stride_batch ? stride_batch : int64_t(s) * seq});
 }
 
 NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_t stream) {
@@ -88,6 +103,10 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
   p.dq = a.dq;
   p.dk = a.dk;
   p.dv = a.dv;
+  p.dq_stride_seq = a.dq_stride_seq ? a.dq_stride_seq : int64_t(h) * kHeadDim;
+  p.dq_stride_batch = a.dq_stride_batch ? a.dq_stride_batch : int64_t(s_q) * p.dq_stride_seq;
+  p.dkv_stride_seq = a.dkv_stride_seq ? a.dkv_stride_seq : int64_t(h_kv) * kHeadDim;
+  p.dkv_stride_batch = a.dkv_stride_batch ? a.dkv_stride_batch : int64_t(s_kv) * p.dkv_stride_seq;
   p.batch = b;
   p.seqlen_q = s_q;
   p.seqlen_kv = s_kv;
@@ -96,51 +115,49 @@ NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90BwdArgs &a, cudaStream_
   p.rows_pad = round_up(s_q, kBwdTile);
   p.keys_pad = round_up(s_kv, kBwdTile);
   p.causal = a.causal != 0;
+  p.dq_accum = a.dq_accum;
+  p.dq_count = a.dq_count;
+  p.row_blocks = (s_q + kBwdStep - 1) / kBwdStep;
   p.softmax_scale = a.softmax_scale;
 
   auto q8 = token_major<Fp8>(a.q8, b, s_q, h);
   auto q_dq = token_major<Bf16>(a.q_dq, b, s_q, h);
   auto k8 = token_major<Fp8>(a.k8, b, s_kv, h_kv);
   auto k_dq = token_major<Bf16>(a.k_dq, b, s_kv, h_kv);
-  auto v = sample_major<Bf16>(a.v, b, s_kv, h_kv);
-  auto d_out = sample_major<Bf16>(a.d_out, b, s_q, h);
+  auto v = sample_major<Bf16>(a.v, b, s_kv, h_kv, a.v_stride_batch, a.v_stride_seq);
+  auto d_out = sample_major<Bf16>(a.d_out, b, s_q, h, a.d_out_stride_batch, a.d_out_stride_seq);
   const G::Shape4 q_shape{s_q, int32_t(kHeadDim), h, b};
   const G::Shape4 kv_shape{s_kv, int32_t(kHeadDim), h_kv, b};
 
-  DkdvKernelParams dkdv{};
-  dkdv.p = p;
-  dkdv.q_shape = q_shape;
-  dkdv.kv_shape = kv_shape;
-  dkdv.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Tile{});
-  dkdv.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::SmemBf16Tile{});
-  dkdv.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Step{});
-  dkdv.tma_q_dq = make_tma_copy(SM90_TMA_LOAD{}, q_dq, T::SmemBf16Step{});
-  dkdv.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::SmemBf16Step{});
+  BackwardKernelParams kp{};
+  kp.p = p;
+  kp.q_shape = q_shape;
+  kp.kv_shape = kv_shape;
+  kp.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Tile{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::Smem16Tile{});
+  kp.tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, k_dq, T::Smem16Tile{});
+  kp.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Step{});
+  kp.tma_q_dq = make_tma_copy(SM90_TMA_LOAD{}, q_dq, T::Smem16Step{});
+  kp.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::Smem16Step{});
 
-  DqKernelParams dq{};
-  dq.p = p;
-  dq.q_shape = q_shape;
-  dq.kv_shape = kv_shape;
-  dq.tma_q8 = make_tma_copy(SM90_TMA_LOAD{}, q8, T::SmemFp8Tile{});
-  dq.tma_d_out = make_tma_copy(SM90_TMA_LOAD{}, d_out, T::SmemBf16Tile{});
-  dq.tma_k8 = make_tma_copy(SM90_TMA_LOAD{}, k8, T::SmemFp8Step{});
-  dq.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, T::SmemBf16Step{});
-  dq.tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, k_dq, T::SmemBf16Step{});
-
-  const int smem_dkdv = static_cast<int>(sizeof(T::DkdvStorage)) + 1024;
-  const int smem_dq = static_cast<int>(sizeof(T::DqStorage)) + 1024;
-  cudaError_t err =
-      allow_dynamic_smem<SmemSlot::kBackwardDkdv>(attention_bwd_dkdv_kernel, smem_dkdv);
+  const int smem = static_cast<int>(sizeof(T::SharedStorage)) + 1024;
+  // The kernels of the input dtype (bf16 or fp16; check()).
+  const bool fp16 = a.dtype == NVTE_EXACT_FP8_FLOAT16;
+  auto kernel = fp16 ? attention_bwd_kernel<T::Fp16> : attention_bwd_kernel<Bf16>;
+  auto store_dq =
+      fp16 ? attention_bwd_dq_store_kernel<T::Fp16> : attention_bwd_dq_store_kernel<Bf16>;
+  cudaError_t err = fp16 ? allow_dynamic_smem<SmemSlot::kBackwardFp16>(kernel, smem)
+                         : allow_dynamic_smem<SmemSlot::kBackward>(kernel, smem);
   if (err == cudaSuccess) {
-    err = allow_dynamic_smem<SmemSlot::kBackwardDq>(attention_bwd_dq_kernel, smem_dq);
+    err = cudaMemsetAsync(a.dq_count, 0, sizeof(int32_t) * int64_t(h) * b * p.row_blocks, stream);
   }
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
-  const dim3 grid_dkdv((s_kv + kBwdTile - 1) / kBwdTile, h_kv, b);
-  attention_bwd_dkdv_kernel<<<grid_dkdv, kBwdThreads, smem_dkdv, stream>>>(dkdv);
+  const dim3 grid((s_kv + kBwdTile - 1) / kBwdTile, h_kv, b);
+  kernel<<<grid, kBwdThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
-  const dim3 grid_dq(b * h, (s_q + kBwdTile - 1) / kBwdTile);
-  attention_bwd_dq_kernel<<<grid_dq, kBwdThreads, smem_dq, stream>>>(dq);
+  const dim3 grid_dq(p.row_blocks, h, b);
+  store_dq<<<grid_dq, kBwdMmaThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   return NVTE_EXACT_FP8_SUCCESS;

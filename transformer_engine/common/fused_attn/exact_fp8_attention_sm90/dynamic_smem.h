@@ -14,7 +14,7 @@ namespace exact_fp8 {
 namespace sm90 {
 
 // The kernels whose attribute is remembered, one slot each.
-enum class SmemSlot { kForward, kForwardLeaky, kBackwardDkdv, kBackwardDq };
+enum class SmemSlot { kForward, kForwardFp16, kForwardLeaky, kBackward, kBackwardFp16 };
 
 constexpr int kMaxDevices = 64;  // devices whose kernel attribute is remembered
 

@@ -1,13 +1,12 @@
 /*
- * Epilogue of the sm90 mask-exact FP8 attention forward: O = (acc / l) * u in bf16 and the LSE,
- * as the Triton kernel writes them (Note [V scale in the rescale]: acc is kept in units of u, the
- * V scale of the last tile; l includes P_SCALE). Rows past s_q are not written; rows that see no
- * key get O = 0 and LSE = -inf.
+ * Epilogue of the sm90 mask-exact FP8 attention forward: O = (acc / l) * u in the input dtype
+ * (bf16 or fp16) and the LSE, as the Triton kernel writes them (Note [V scale in the rescale]:
+ * acc is kept in units of u, the V scale of the last tile; l includes P_SCALE). Rows past the
+ * sequence's real length (padding) and rows that see no key get O = 0 and LSE = -inf; rows past
+ * its allocation (span_q) are not written.
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
-
-#include <cuda_bf16.h>
 
 #include <cute/tensor.hpp>
 
@@ -19,13 +18,14 @@ namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
 
-// tOrO: the thread's 64 x 128 fp32 accumulator; tOcO: its (row, d) coordinates in the tile.
-template <class FragO, class CoordO>
-CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &softmax, float u,
-                                 FragO const &tOrO, CoordO const &tOcO, int batch, int head,
-                                 int q0) {
+// tOrO: the thread's 64 x d fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
+// Element: the output dtype.
+template <int kHeadDim, class Element, class FragO, class CoordO>
+CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
+                                 OnlineSoftmax const &softmax, float u, FragO const &tOrO,
+                                 CoordO const &tOcO, int head, int q0) {
   constexpr float kLn2 = 0.6931471805599453f;
-  const int64_t t_q = static_cast<int64_t>(p.batch) * p.seqlen_q;
+  float *lse = p.lse + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;  // [span_q] fp32
   float denom[2];
   bool seen[2];
   int row[2];
@@ -33,27 +33,42 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, OnlineSoftmax const &
   for (int h = 0; h < 2; ++h) {
     row[h] = q0 + get<0>(tOcO(2 * h));
     const float l = quad_sum(softmax.l[h]);
-    seen[h] = row[h] < p.seqlen_q && l > 0.0f;
+    seen[h] = row[h] < s.len_q && l > 0.0f;
     denom[h] = seen[h] ? l : 1.0f;
-    if (row[h] < p.seqlen_q && (threadIdx.x & 3) == 0) {
-      const float lse = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;
-      p.lse[head * t_q + static_cast<int64_t>(batch) * p.seqlen_q + row[h]] = lse;
+    if (row[h] < s.span_q && (threadIdx.x & 3) == 0) {
+      lse[row[h]] = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;
     }
   }
-  __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
+  uint16_t *out = static_cast<uint16_t *>(p.out) + s.out0 + static_cast<int64_t>(head) * kHeadDim;
 #pragma unroll
-  for (int v = 0; v < 64; v += 2) {
+  for (int v = 0; v < size(tOrO); v += 2) {
     const int h = (v >> 1) & 1;
-    if (row[h] >= p.seqlen_q) continue;
+    if (row[h] >= s.span_q) continue;
     float o0 = 0.0f, o1 = 0.0f;
     if (seen[h]) {  // correctly rounded division, then the unit of the accumulator
       o0 = __fdiv_rn(tOrO(v), denom[h]) * u;
       o1 = __fdiv_rn(tOrO(v + 1), denom[h]) * u;
     }
-    const int64_t token = static_cast<int64_t>(batch) * p.seqlen_q + row[h];
-    const int col = get<1>(tOcO(v));
-    *reinterpret_cast<__nv_bfloat162 *>(out + (token * p.heads + head) * kHeadDim + col) =
-        __floats2bfloat162_rn(o0, o1);
+    const int64_t at = row[h] * p.out_stride_seq + get<1>(tOcO(v));
+    *reinterpret_cast<uint32_t *>(out + at) = pack_16bit_pair<Element>(o0, o1);
+  }
+}
+
+// thd: the grid covers p.num_q_tiles * kQTile rows of each sequence (the longest real one); the
+// rows of a longer (padded) allocation past them are padding: O = 0 and LSE = -inf, written by
+// the consumers of the sequence's query tile 0 (thread t of 256: 16 bytes of a row at a time).
+template <int kHeadDim>
+CUTLASS_DEVICE void store_rows_past_grid(AttentionParams const &p, Sequence const &s, int head,
+                                         int mma_thread) {
+  const int first = p.num_q_tiles * kQTile;
+  float *lse = p.lse + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;
+  uint16_t *out = static_cast<uint16_t *>(p.out) + s.out0 + static_cast<int64_t>(head) * kHeadDim;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
+  for (int i = mma_thread; i < (s.span_q - first) * kChunks; i += kMmaThreads) {
+    const int row = first + i / kChunks;
+    *reinterpret_cast<uint4 *>(out + row * p.out_stride_seq + 8 * (i % kChunks)) =
+        uint4{0, 0, 0, 0};
+    if (i % kChunks == 0) lse[row] = -INFINITY;
   }
 }
 

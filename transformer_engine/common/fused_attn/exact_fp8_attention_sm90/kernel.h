@@ -2,8 +2,8 @@
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
  * whose softmax runs while the other's WGMMAs have the tensor cores.
  *
- * Grid: (b * h, query tiles), causal tiles longest first across all heads. Block: three
- * warpgroups (384 threads).
+ * Grid: (sequences * h, query tiles of the longest sequence), causal tiles longest first across
+ * all heads. Block: three warpgroups (384 threads).
  *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
  *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
  *     barriers; setmaxnreg gives its registers to the consumers.
@@ -14,7 +14,8 @@
  *       with the per-key K scale and the per-row Q scale, the element-wise mask on boundary
  *       tiles -> online softmax (softmax.h) -> factor(v) = alpha(v) * (u / s(v)), u <- s(v)
  *       (Note [V scale in the rescale]) -> P(v) into the A operand of its P.V (E4M3 for an FP8
- *       tile, bf16 for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh accumulator
+ *       tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh
+ *       accumulator
  *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
  *     warpgroup's softmax fills the tensor cores' gaps.
  * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
@@ -48,41 +49,47 @@ CUTLASS_DEVICE void release(uint64_t *bar) { cutlass::arch::ClusterBarrier::arri
 // LEAKY mode (boundary tiles keep their element-wise mask but use P in E4M3 and V8^T with its
 // chunk scale, which the hidden keys of the tile enter): a lower bound of the time for the
 // exactness-cost benchmark and the negative control of the exactness tests; never a product path.
-template <bool kFp8VEverywhere>
+template <class Traits, bool kFp8VEverywhere, class Element>
 struct Consumer {
-  using Traits = KernelTraits;
+  static constexpr int kHeadDim = Traits::kHeadDim;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   AttentionParams const &p;
+  Sequence const &seq;
   typename Traits::SharedStorage &ss;
   int mma_thread;  // 0..255: the thread's index in the tiled MMAs
-  int batch, head, kv_head, q0;
+  int head, q_tile;
 
   CUTLASS_DEVICE void run(KVTileRange const &range) {
     typename Traits::MmaQK mma_qk;
     typename Traits::MmaPV8 mma_pv8;
-    typename Traits::MmaPV16 mma_pv16;
+    typename Traits::template MmaPV16<Element> mma_pv16;
     auto thr_qk = mma_qk.get_thread_slice(mma_thread);
     auto thr_pv = mma_pv8.get_thread_slice(mma_thread);
 
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutFp8{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutRows{});
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
     // O in fp32, never a WGMMA accumulator (Note [Two-level P.V accumulation]); a tile's
-    // P.V product T lands in tSrS, the registers of its scores.
+    // P.V product T lands in tSrS, the registers of its scores: the first d / 2 of them, which
+    // hold the fragment's first d columns in the accumulator layout of a 64 x d product (all of
+    // them at d = 128).
     Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
     Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
-    // P's A operand: bf16 for a boundary tile, E4M3 (the first half of the registers) for an
-    // FP8 tile.
-    Tensor tOrP16 = make_tensor<typename Traits::Bf16>(
+    Tensor tOrT = make_tensor(tSrS.data(), tOrO.layout());
+    // P's A operand: the input dtype (bf16 or fp16) for a boundary tile, E4M3 (the first half
+    // of the registers) for an FP8 tile.
+    Tensor tOrP16 = make_tensor<Element>(
         partition_shape_A(mma_pv16, Shape<Int<kQTile>, Int<kKVTile>>{}));
     Tensor tOrP8 = make_tensor(
         make_rmem_ptr(reinterpret_cast<typename Traits::Fp8 *>(raw_pointer_cast(tOrP16.data()))),
         partition_shape_A(mma_pv8, Shape<Int<kQTile>, Int<kKVTile>>{}));
-    static_assert(decltype(size(tSrS))::value == 64 && decltype(size(tOrO))::value == 64);
+    static_assert(decltype(size(tSrS))::value == 64 &&
+                  decltype(size(tOrO))::value == kHeadDim / 2);
     clear(tOrO);
 
-    ScoreScales scales(p, tScS, batch, head, q0);
+    const int q0 = q_tile * kQTile;
+    ScoreScales scales(p, seq, tScS, head, q0);
     OnlineSoftmax softmax;
     softmax.init();
     float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
@@ -111,20 +118,20 @@ struct Consumer {
       factor[0] = alpha[0] * ratio;
       factor[1] = alpha[1] * ratio;
     };
-    // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tSrS, free now (an
-    // E4M3 P and V8^T for an FP8 tile, bf16 P and V for a boundary tile).
+    // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tOrT, free now (an
+    // E4M3 P and V8^T for an FP8 tile, P and V in the input dtype for a boundary tile).
     auto issue_pv = [&](int visit, auto boundary) {
       const int stage = visit % kStages;
       Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
       if constexpr (decltype(boundary)::value && !kFp8VEverywhere) {
-        p_to_bf16_operand(tSrS, tOrP16);
-        issue_pv_gemm<typename Traits::MmaPV16, typename Traits::SmemLayoutV16>(
-            mma_pv16, reinterpret_cast<typename Traits::Bf16 *>(ss.v[stage]), tOrP16, tSrS,
-            mma_thread);
+        p_to_16bit_operand(tSrS, tOrP16);
+        issue_pv_gemm<typename Traits::template MmaPV16<Element>,
+                      typename Traits::SmemLayoutV16>(
+            mma_pv16, reinterpret_cast<Element *>(ss.v[stage]), tOrP16, tOrT, mma_thread);
       } else {
         p_to_fp8_operand(tSrS, tOrP8);
-        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutFp8>(
-            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tSrS,
+        issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutVt>(
+            mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage]), tOrP8, tOrT,
             mma_thread);
       }
     };
@@ -132,10 +139,12 @@ struct Consumer {
     // (Note [Two-level P.V accumulation]).
     auto add_pv = [&](int visit) {
       warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tOrT);
       release(&ss.bar_v_empty[visit % kStages]);
 #pragma unroll
-      for (int v = 0; v < 64; ++v) tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tSrS(v));
+      for (int v = 0; v < size(tOrO); ++v) {
+        tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tOrT(v));
+      }
     };
     // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
     auto visit_step = [&](int visit, auto boundary) {
@@ -144,7 +153,7 @@ struct Consumer {
       ScoreScales::KeyScales k_scales;  // read now: their latency hides behind P.V(v-1)
       const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
       if (visit > 0) add_pv(visit - 1);
-      issue_scores_gemm(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
+      issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
@@ -153,28 +162,31 @@ struct Consumer {
       issue_pv(visit, boundary);
     };
 
-    if (range.num_tiles == 0) {
-      store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+    if (q_tile == 0) store_rows_past_grid<kHeadDim>(p, seq, head, mma_thread);  // thd padding
+    const int num_tiles = range.num_tiles();
+    if (num_tiles == 0) {  // no real row sees a key: zeros and -inf
+      store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
       return;
     }
     Barrier::wait(&ss.bar_q, 0);
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
-    const int num_boundary = range.num_tiles - range.num_fp8;
+    const int num_boundary = range.num_boundary();
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
-    for (int visit = num_boundary; visit < range.num_tiles; ++visit) {
+    for (int visit = num_boundary; visit < num_tiles; ++visit) {
       visit_step(visit, cute::false_type{});
     }
-    add_pv(range.num_tiles - 1);
-    store_output(p, softmax, u, tOrO, tOcO, batch, head, q0);
+    add_pv(num_tiles - 1);
+    store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
   }
 };
 
-template <bool kFp8VEverywhere>
+// Traits: KernelTraits<d>; Element: the dtype of V (boundary tiles) and O, bf16 or fp16
+// (ElementTypes::Bf16, ::Fp16).
+template <class Traits, bool kFp8VEverywhere, class Element>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams const kp) {
+    attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams<Traits> const kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Traits = KernelTraits;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   // SW128 tiles need 1024-byte aligned buffers: the launch adds 1024 bytes for this.
   extern __shared__ __align__(1024) char smem_raw[];
@@ -183,15 +195,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   AttentionParams const &p = kp.p;
 
   const int warpgroup = threadIdx.x / 128;
-  // CTAs start in blockIdx order, x fastest: every (sample, head)'s longest causal tile first.
-  const int q_tile = p.causal ? p.num_q_tiles - 1 - blockIdx.y : blockIdx.y;
-  const int batch = blockIdx.x / p.heads;
+  const int batch = blockIdx.x / p.heads;  // the sequence
   const int head = blockIdx.x % p.heads;
   const int kv_head = head / (p.heads / p.heads_kv);
-  const KVTileRange range = kv_tile_range(p, q_tile);
+  const Sequence seq = Sequence::load(p, batch);
+  // CTAs start in blockIdx order, x fastest: under a mask with a right bound (a causal one),
+  // where a query tile's work grows with its rows, every sequence's longest tile first.
+  const int real_tiles = (seq.len_q + kQTile - 1) / kQTile;
+  const int y = blockIdx.y;
+  const int q_tile = p.window_right != kUnbounded && y < real_tiles ? real_tiles - 1 - y : y;
+  if (q_tile * kQTile >= seq.span_q) return;  // past the sequence's allocation: nothing to write
+  const KVTileRange range = kv_tile_range(p, seq, q_tile);
+  // The visit whose V the second producer warp zeroes past len_kv (mainloop.h; the leaky
+  // variant reads V8^T only and runs dense samples only)
+  const int tail = kFp8VEverywhere ? -1 : tail_visit(p, seq, range);
 
   if (threadIdx.x == 0) {
     Barrier::init(&ss.bar_q, 1);
+    Barrier::init(&ss.bar_v_tail, 1);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
@@ -206,13 +227,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x < 32) {
-      Producer producer{kp, ss, batch, kv_head, p.cu_vt[batch]};
-      producer.run<kFp8VEverywhere>(head, q_tile, range);
+      Producer<Traits> producer{kp, ss, seq, batch, kv_head, p.cu_vt[batch]};
+      producer.template run<kFp8VEverywhere>(head, q_tile, range, tail);
+    } else if (threadIdx.x < 64) {
+      zero_v_tail<Traits>(ss, tail, seq.len_kv % kKVTile);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<kFp8VEverywhere> consumer{p, ss, static_cast<int>(threadIdx.x) - 128, batch, head,
-                                       kv_head, q_tile * kQTile};
+    Consumer<Traits, kFp8VEverywhere, Element> consumer{
+        p, seq, ss, static_cast<int>(threadIdx.x) - 128, head, q_tile};
     consumer.run(range);
   }
 #endif

@@ -7,14 +7,14 @@
  * format's constants: Note [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with
  * their own barriers so that a tile's Q.K^T starts before its V has arrived.
  *
- * Shared memory (d = 128):
+ * Shared memory (d = 128; d = 64 halves the tiles: Q8 and K8 rows of 64 bytes, SW64):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
  *   K8    [3 stages][128 keys, 128 d] E4M3, K-major SW128                  48 KiB
  *   V     [3 stages] 32 KiB each, either
  *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
  *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    96 KiB
  *   K scales [3 stages][128] fp32                                            1.5 KiB
- *   barriers: Q; per stage K full / empty and V full / empty                  ~0
+ *   barriers: Q; per stage K full / empty and V full / empty; the tail V      ~0
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
@@ -23,6 +23,9 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/bfloat16.h>
 #include <cutlass/float8.h>
+#include <cutlass/half.h>
+
+#include <type_traits>
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -32,13 +35,15 @@ using namespace cute;
 
 constexpr int kQTile = 128;    // formats.Q_TILE
 constexpr int kKVTile = 128;   // formats.KV_TILE == formats.V_CHUNK_CURRENT
-constexpr int kHeadDim = 128;  // the one head dim of this step
 constexpr int kStages = 3;
 constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
-constexpr int kProducerRegisters = 24;                  // setmaxnreg of the producer warpgroup
-constexpr int kConsumerRegisters = 240;                 // setmaxnreg of a consumer warpgroup
+// setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
+// geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24; the consumers
+// compile without spills down to 224 (checked with ptxas, 2026-12-05).
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
 constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
 // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
 // 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
@@ -49,9 +54,19 @@ static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 
-struct KernelTraits {
+// The element types of the kernels.
+struct ElementTypes {
   using Fp8 = cutlass::float_e4m3_t;
   using Bf16 = cutlass::bfloat16_t;
+  using Fp16 = cutlass::half_t;
+};
+
+// The forward's tiles for head dim kHeadDim_ (64 or 128: d bytes of an E4M3 row, one 128- or
+// 64-byte swizzle atom wide; the 16-bit V of a boundary tile is one or two atoms of 64 d).
+template <int kHeadDim_>
+struct KernelTraits : ElementTypes {
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
 
   using TileQK = Shape<Int<kQTile>, Int<kKVTile>, Int<kHeadDim>>;  // (M rows, N keys, K d)
   using TilePV = Shape<Int<kQTile>, Int<kHeadDim>, Int<kKVTile>>;  // (M rows, N d, K keys)
@@ -65,31 +80,37 @@ struct KernelTraits {
   using MmaPV8 = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Fp8, Fp8, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>>(),
       WarpgroupsM{}));
-  // O += P . V in bf16: P from registers, V MN-major (d contiguous) in shared memory.
+  // O += P . V in the input dtype (Element: bf16 or fp16) of a boundary tile: P from registers,
+  // V MN-major (d contiguous) in shared memory.
+  template <class Element>
   using MmaPV16 = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>,
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kKVTile>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       WarpgroupsM{}));
 
-  // [128, 128] E4M3, K-major (the contiguous mode second): Q8 (rows, d), K8 (keys, d),
-  // V8^T (d, keys).
-  using SmemLayoutFp8 =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{}, Shape<Int<128>, Int<128>>{}));
-  // [128 d, 128 keys] bf16, MN-major (d contiguous): V of a boundary tile. The 64 x 8 atoms
-  // are stacked along the keys first, so one TMA box is [64 d, 128 keys] (two per tile).
+  // [128, d] E4M3, K-major (d contiguous): Q8 (rows, d), K8 (keys, d); rows of d bytes.
+  using AtomRows = std::conditional_t<kHeadDim == 128, GMMA::Layout_K_SW128_Atom<Fp8>,
+                                      GMMA::Layout_K_SW64_Atom<Fp8>>;
+  using SmemLayoutRows = decltype(tile_to_shape(AtomRows{}, Shape<Int<128>, Int<kHeadDim>>{}));
+  // [d, 128 keys] E4M3, K-major (keys contiguous): V8^T.
+  using SmemLayoutVt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Fp8>{}, Shape<Int<kHeadDim>, Int<128>>{}));
+  // [d, 128 keys] bf16, MN-major (d contiguous): V of a boundary tile. The 64 x 8 atoms are
+  // stacked along the keys first, so one TMA box is [64 d, 128 keys] (d / 64 per tile).
   using SmemLayoutV16 = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Bf16>{},
-                                               Shape<Int<128>, Int<128>>{}, Step<_2, _1>{}));
+                                               Shape<Int<kHeadDim>, Int<128>>{}, Step<_2, _1>{}));
 
-  static constexpr int kFp8TileBytes = 128 * 128;           // one Q8, K8 or V8^T tile
-  static constexpr int kV16TileBytes = 128 * 128 * 2;       // one bf16 V tile
-  static_assert(cosize_v<SmemLayoutFp8> == kFp8TileBytes, "E4M3 tile layout");
-  static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "bf16 tile layout");
+  static constexpr int kFp8TileBytes = 128 * kHeadDim;      // one Q8, K8 or V8^T tile
+  static constexpr int kV16TileBytes = 128 * kHeadDim * 2;  // one 16-bit V tile
+  static_assert(cosize_v<SmemLayoutRows> == kFp8TileBytes, "E4M3 row tile layout");
+  static_assert(cosize_v<SmemLayoutVt> == kFp8TileBytes, "V8^T tile layout");
+  static_assert(cosize_v<SmemLayoutV16> * 2 == kV16TileBytes, "16-bit V tile layout");
   static_assert(kStages >= 2, "the ring overlaps the loads of the next tile");
 
   struct SharedStorage {
     alignas(1024) Fp8 q[kFp8TileBytes];
     alignas(1024) Fp8 k[kStages][kFp8TileBytes];
-    alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first 16 KiB) or bf16 V
+    alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first half) or 16-bit V
     alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
     float v_scale[kStages];                            // per stage: the V chunk's scale (FP8 tile)
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
@@ -97,7 +118,15 @@ struct KernelTraits {
     alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived
     alignas(8) uint64_t bar_k_empty[kStages];   // every consumer thread is done with the K8
     alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
+    alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
   };
+
+  // Byte offset in a SmemLayoutV16 tile of the 128-byte row that holds key `key`'s d values
+  // 64 half .. 64 half + 63 (an SW128 atom's row: its swizzle permutes the row's 16-byte chunks
+  // only; tests/build checks that every element of the pair lies in that row).
+  CUTLASS_HOST_DEVICE static int v16_row_bytes(int key, int half) {
+    return static_cast<int>(SmemLayoutV16{}(make_coord(64 * half, key))) / 64 * 128;
+  }
 };
 
 }  // namespace sm90

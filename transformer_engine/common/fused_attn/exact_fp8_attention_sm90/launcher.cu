@@ -26,25 +26,69 @@ NVTEExactFP8Status fail(NVTEExactFP8Status status, const std::string &message) {
 
 bool aligned16(const void *ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+bool is_thd(const NVTEExactFP8AttentionSm90Args &a) { return a.seq_starts_q != nullptr; }
+
+/* Rows of Q8 / K8 (and their scales, the LSE): the pack's tokens (thd) or batch * seqlen. */
+int64_t tokens_q(const NVTEExactFP8AttentionSm90Args &a) {
+  return is_thd(a) ? a.tokens_q : a.batch * a.seqlen_q;
+}
+int64_t tokens_kv(const NVTEExactFP8AttentionSm90Args &a) {
+  return is_thd(a) ? a.tokens_kv : a.batch * a.seqlen_kv;
+}
+
+std::string check_sequences(const NVTEExactFP8AttentionSm90Args &a) {
+  if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_kv == nullptr)) {
+    return "cu_seqlens_q and cu_seqlens_kv go together";
+  }
+  if ((a.seq_starts_q == nullptr) != (a.seq_starts_kv == nullptr)) {
+    return "seq_starts_q and seq_starts_kv go together";
+  }
+  if (is_thd(a) && a.cu_seqlens_q == nullptr) return "thd (seq_starts_*) needs cu_seqlens_q/kv";
+  if (is_thd(a) && (a.tokens_q < 1 || a.tokens_kv < 0)) {
+    return "thd needs tokens_q >= 1 and tokens_kv >= 0";
+  }
+  if (!is_thd(a) && (a.tokens_q != 0 || a.tokens_kv != 0)) {
+    return "tokens_q and tokens_kv are thd's (0 for dense samples)";
+  }
+  if (a.sliding_window != 0 && a.sliding_window != 1) return "sliding_window must be 0 or 1";
+  if (a.sliding_window && (a.window_left < -1 || a.window_right < -1)) {
+    return "window sides must be -1 or >= 0";
+  }
+  return "";
+}
+
 std::string check(const NVTEExactFP8AttentionSm90Args &a) {
-  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return "head_dim must be 64 or 128, got " + std::to_string(a.head_dim);
+  }
   if (a.batch < 1 || a.seqlen_q < 1 || a.seqlen_kv < 0 || a.heads < 1 || a.heads_kv < 1) {
     return "batch, seqlen_q, heads and heads_kv must be >= 1 and seqlen_kv >= 0";
   }
   if (a.heads % a.heads_kv != 0) return "heads_kv must divide heads";
-  if (a.causal != 0 && a.causal != 1) return "causal must be 0 or 1";
+  if (a.causal < 0 || a.causal > 2) return "causal must be 0, 1 or 2";
+  const std::string sequences = check_sequences(a);
+  if (!sequences.empty()) return sequences;
   if (a.fp8_v_everywhere != 0 && a.fp8_v_everywhere != 1) return "fp8_v_everywhere must be 0 or 1";
+  if (a.dtype != NVTE_EXACT_FP8_BFLOAT16 && a.dtype != NVTE_EXACT_FP8_FLOAT16) {
+    return "dtype must be NVTE_EXACT_FP8_BFLOAT16 or NVTE_EXACT_FP8_FLOAT16";
+  }
+  if (a.fp8_v_everywhere && (a.dtype != NVTE_EXACT_FP8_BFLOAT16 || a.head_dim != 128)) {
+    return "fp8_v_everywhere (the leaky variant) is built for bf16 and d = 128 only";
+  }
   // The leaky variant reads every tile as V8^T, whose ragged last group keeps the natural key
-  // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles only.
-  if (a.fp8_v_everywhere && a.seqlen_kv % kKVTile != 0) {
-    return "fp8_v_everywhere needs seqlen_kv a multiple of 128, got " +
-           std::to_string(a.seqlen_kv);
+  // order (NVTE_EXACT_FP8_KEYS_SM90_PV): complete tiles of dense samples only.
+  // a window that hides keys the mask type alone shows
+  const bool window =
+      a.sliding_window && (a.window_left >= 0 || (a.causal == 0 && a.window_right >= 0));
+  if (a.fp8_v_everywhere && (a.seqlen_kv % kKVTile != 0 || a.cu_seqlens_q != nullptr || window)) {
+    return "fp8_v_everywhere needs dense samples without cu_seqlens or window and seqlen_kv a "
+           "multiple of 128, got seqlen_kv " + std::to_string(a.seqlen_kv);
   }
   if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
   const int64_t limit = INT32_MAX;
-  if (a.batch * a.seqlen_q > limit || a.batch * a.seqlen_kv > limit || a.heads * a.batch > limit ||
+  if (tokens_q(a) > limit || tokens_kv(a) > limit || a.heads * a.batch > limit ||
       (a.seqlen_q + kQTile - 1) / kQTile > 65535) {
-    return "b * s, b * h or s_q out of range (b * s < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
+    return "tokens, b * h or s_q out of range (t < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
   }
   if (!a.q8 || !a.q_scale || !a.k8 || !a.k_scale || !a.v8t || !a.v_scale || !a.cu_chunks ||
       !a.cu_vt || !a.v || !a.out || !a.lse) {
@@ -54,20 +98,33 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
       !aligned16(a.out)) {
     return "q8, k8, v8t, v and out must be 16-byte aligned (TMA)";
   }
+  if (a.v_stride_batch % 8 || a.v_stride_seq % 8 || a.out_stride_batch % 8 ||
+      a.out_stride_seq % 8 || a.v_stride_batch < 0 || a.v_stride_seq < 0 ||
+      a.out_stride_batch < 0 || a.out_stride_seq < 0) {
+    return "the strides of v and out must be non-negative multiples of 8 elements (TMA)";
+  }
   return "";
 }
 
-/* The token view of the contiguous V [batch, seqlen_kv, heads_kv, d] of `a`. */
-NVTEExactFP8TokenView contiguous_v(const NVTEExactFP8AttentionSm90Args &a) {
-  const int64_t row = a.heads_kv * a.head_dim;
-  return NVTEExactFP8TokenView{a.v,          NVTE_EXACT_FP8_BFLOAT16, a.batch,
-                               a.seqlen_kv,  a.heads_kv,              a.head_dim,
-                               a.seqlen_kv * row, row,                a.head_dim};
+/* Element strides (batch, sequence) of v and out: the args', or the contiguous bshd layout's
+ * where they are 0. */
+int64_t v_stride_batch(const NVTEExactFP8AttentionSm90Args &a) {
+  return a.v_stride_batch ? a.v_stride_batch : a.seqlen_kv * a.heads_kv * a.head_dim;
+}
+int64_t v_stride_seq(const NVTEExactFP8AttentionSm90Args &a) {
+  return a.v_stride_seq ? a.v_stride_seq : a.heads_kv * a.head_dim;
 }
 
-std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int64_t batch,
-                       int64_t seqlen, int64_t heads, int64_t head_dim) {
-  if (x.dtype != NVTE_EXACT_FP8_BFLOAT16) return std::string(name) + " must be bf16";
+/* The token view of V [batch, seqlen_kv, heads_kv, d] of `a`. */
+NVTEExactFP8TokenView v_view(const NVTEExactFP8AttentionSm90Args &a) {
+  return NVTEExactFP8TokenView{a.v,          static_cast<NVTEExactFP8DType>(a.dtype), a.batch,
+                               a.seqlen_kv,  a.heads_kv,              a.head_dim,
+                               v_stride_batch(a), v_stride_seq(a),    a.head_dim};
+}
+
+std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int32_t dtype,
+                       int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (x.dtype != dtype) return std::string(name) + "'s dtype must be the attention's dtype";
   if (x.batch != batch || x.seqlen != seqlen || x.heads != heads || x.head_dim != head_dim) {
     return std::string(name) + "'s view does not match the attention's shape";
   }
@@ -81,73 +138,116 @@ NVTEExactFP8Status cast_failed(NVTEExactFP8Status status, const char *what) {
 
 }  // namespace
 
-NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
-  using Fp8 = KernelTraits::Fp8;
-  using Bf16 = KernelTraits::Bf16;
+// The forward of head dim kHeadDim (a checked call).
+template <int kHeadDim>
+NVTEExactFP8Status launch_head_dim(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
+  using Traits = KernelTraits<kHeadDim>;
+  using Fp8 = typename Traits::Fp8;
+  using Bf16 = typename Traits::Bf16;
+  const bool thd = is_thd(a);
   const int32_t b = static_cast<int32_t>(a.batch), h = static_cast<int32_t>(a.heads);
   const int32_t h_kv = static_cast<int32_t>(a.heads_kv);
-  const int32_t s_q = static_cast<int32_t>(a.seqlen_q), s_kv = static_cast<int32_t>(a.seqlen_kv);
-  const int32_t t_q = b * s_q, t_kv = b * s_kv, width = static_cast<int32_t>(a.vt_width);
-  // A sample without keys still gets well-formed descriptors (of one zero-size-free tile);
-  // no tile of it is ever loaded.
-  const int32_t t_kv_desc = t_kv > 0 ? t_kv : 1, s_kv_desc = s_kv > 0 ? s_kv : 1;
+  const int32_t s_q = static_cast<int32_t>(a.seqlen_q);
+  const int32_t s_kv = thd ? 0 : static_cast<int32_t>(a.seqlen_kv);
+  const int32_t t_q = static_cast<int32_t>(tokens_q(a));
+  const int32_t t_kv = static_cast<int32_t>(tokens_kv(a));
+  const int32_t width = static_cast<int32_t>(a.vt_width);
+  // Without keys the descriptors still cover one row; no tile of them is ever loaded.
+  const int32_t t_kv_desc = t_kv > 0 ? t_kv : 1;
+  // V's tensor map: (d, rows, h_kv, samples) = (d, s_kv, h_kv, b) dense, (d, t_kv, h_kv, 1) thd
+  const int32_t v_rows = thd ? t_kv_desc : (s_kv > 0 ? s_kv : 1), v_samples = thd ? 1 : b;
 
-  KernelParams kp{};
+  KernelParams<Traits> kp{};
   AttentionParams &p = kp.p;
   p.q_scale = a.q_scale;
   p.k_scale = a.k_scale;
   p.v_scale = a.v_scale;
   p.cu_chunks = a.cu_chunks;
   p.cu_vt = a.cu_vt;
+  p.cu_q = a.cu_seqlens_q;
+  p.cu_kv = a.cu_seqlens_kv;
+  p.start_q = a.seq_starts_q;
+  p.start_kv = a.seq_starts_kv;
   p.out = a.out;
   p.lse = a.lse;
   p.batch = b;
   p.seqlen_q = s_q;
   p.seqlen_kv = s_kv;
+  p.tokens_q = t_q;
+  p.tokens_kv = t_kv;
   p.heads = h;
   p.heads_kv = h_kv;
   p.num_chunks = static_cast<int>(a.num_chunks);
+  p.out_stride_seq = a.out_stride_seq ? a.out_stride_seq : a.heads * a.head_dim;
+  p.out_stride_batch =
+      thd ? 0 : (a.out_stride_batch ? a.out_stride_batch : a.seqlen_q * p.out_stride_seq);
   p.num_q_tiles = (s_q + kQTile - 1) / kQTile;
-  p.causal = a.causal != 0;
+  // masks.allowed_positions: causal types bound the right side at 0; only top-left causal
+  // aligns the diagonal at column 0
+  const bool window = a.sliding_window != 0;
+  p.window_left = window && a.window_left >= 0 ? a.window_left : kUnbounded;
+  p.window_right =
+      a.causal != 0 ? 0 : (window && a.window_right >= 0 ? a.window_right : kUnbounded);
+  p.bottom_right = a.causal != 1;
+  p.zero_v_tail = a.cu_seqlens_kv != nullptr;
   p.scale_log2 = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634);
-  kp.t_q = t_q;
-  kp.t_kv = t_kv;
+  kp.v_rows = v_rows;
+  kp.v_samples = v_samples;
   kp.vt_width = width;
 
-  using G = GmemLayouts;
+  using G = GmemLayouts<Traits>;
   const int64_t d = kHeadDim;
   // Q8 [h, t_q, d] as (t_q, d, h)
   auto mQ = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.q8)),
-                        G::ShapeRows{t_q, kHeadDim, h}, G::StrideRows{d, _1{}, t_q * d});
+                        typename G::ShapeRows{t_q, kHeadDim, h},
+                        typename G::StrideRows{d, _1{}, t_q * d});
   // K8 [h_kv, t_kv, d] as (t_kv, d, h_kv)
   auto mK = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.k8)),
-                        G::ShapeRows{t_kv_desc, kHeadDim, h_kv},
-                        G::StrideRows{d, _1{}, int64_t(t_kv_desc) * d});
+                        typename G::ShapeRows{t_kv_desc, kHeadDim, h_kv},
+                        typename G::StrideRows{d, _1{}, int64_t(t_kv_desc) * d});
   // V8^T [h_kv, d, width] as (d, width, h_kv)
   auto mVt = make_tensor(make_gmem_ptr(static_cast<Fp8 const *>(a.v8t)),
-                         G::ShapeRows{kHeadDim, width, h_kv},
-                         G::StrideVt{int64_t(width), _1{}, d * width});
-  // V [b, s_kv, h_kv, d] bf16 as (d, s_kv, h_kv, b)
+                         typename G::ShapeRows{kHeadDim, width, h_kv},
+                         typename G::StrideVt{int64_t(width), _1{}, d * width});
+  // V [b, s_kv, h_kv, d] or [t_kv, h_kv, d], bf16 or fp16 (its strides), as (d, rows, h_kv,
+  // samples): the tensor map moves 16-bit words as they are (GmemLayouts::TmaV16), so one
+  // serves both dtypes
+  const int64_t v_ss = v_stride_seq(a);
+  const int64_t v_sb = thd ? int64_t(v_rows) * v_ss
+                           : (a.v_stride_batch ? a.v_stride_batch : int64_t(v_rows) * h_kv * d);
   auto mV = make_tensor(make_gmem_ptr(static_cast<Bf16 const *>(a.v)),
-                        G::ShapeV{kHeadDim, s_kv_desc, h_kv, b},
-                        G::StrideV{_1{}, int64_t(h_kv) * d, d, int64_t(s_kv_desc) * h_kv * d});
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, KernelTraits::SmemLayoutFp8{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, KernelTraits::SmemLayoutFp8{});
-  kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, KernelTraits::SmemLayoutFp8{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, KernelTraits::SmemLayoutV16{});
+                        typename G::ShapeV{kHeadDim, v_rows, h_kv, v_samples},
+                        typename G::StrideV{_1{}, v_ss, d, v_sb});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutRows{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutRows{});
+  kp.tma_vt = make_tma_copy(SM90_TMA_LOAD{}, mVt, typename Traits::SmemLayoutVt{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV16{});
 
-  const int smem = static_cast<int>(sizeof(KernelTraits::SharedStorage)) + 1024;
-  // The mask-exact kernel, or the leaky benchmark / negative-control variant (kernel.h).
+  const int smem = static_cast<int>(sizeof(typename Traits::SharedStorage)) + 1024;
+  // The mask-exact kernel for the input dtype, or the leaky benchmark / negative-control variant
+  // (kernel.h; bf16 and d = 128 only, check()). allow_dynamic_smem keeps one flag per slot and
+  // kernel type (the head dims' kernels differ in type).
+  using Fp16 = typename Traits::Fp16;
   const bool leaky = a.fp8_v_everywhere != 0;
-  auto kernel = leaky ? attention_fwd_kernel<true> : attention_fwd_kernel<false>;
-  cudaError_t err = leaky ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
-                          : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
+  const bool fp16 = a.dtype == NVTE_EXACT_FP8_FLOAT16;
+  auto kernel = fp16 ? attention_fwd_kernel<Traits, false, Fp16>
+                     : attention_fwd_kernel<Traits, false, Bf16>;
+  if constexpr (kHeadDim == 128) {
+    if (leaky) kernel = attention_fwd_kernel<Traits, true, Bf16>;
+  }
+  cudaError_t err = leaky  ? allow_dynamic_smem<SmemSlot::kForwardLeaky>(kernel, smem)
+                    : fp16 ? allow_dynamic_smem<SmemSlot::kForwardFp16>(kernel, smem)
+                           : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const dim3 grid(b * h, p.num_q_tiles);
   kernel<<<grid, kThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   return NVTE_EXACT_FP8_SUCCESS;
+}
+
+NVTEExactFP8Status launch(const NVTEExactFP8AttentionSm90Args &a, cudaStream_t stream) {
+  return a.head_dim == 64 ? launch_head_dim<64>(a, stream) : launch_head_dim<128>(a, stream);
 }
 
 }  // namespace sm90
@@ -177,11 +277,15 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
   if (args == nullptr) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, "args is null");
   const NVTEExactFP8AttentionSm90Args &a = args->attention;
   std::string problem = s::check(a);
-  if (problem.empty()) {
-    problem = s::check_view(args->q, "q", a.batch, a.seqlen_q, a.heads, a.head_dim);
+  if (problem.empty() && (a.cu_seqlens_q != nullptr || a.seq_starts_q != nullptr)) {
+    problem = "the quantizing forward runs dense samples (cu_seqlens and seq_starts null)";
   }
   if (problem.empty()) {
-    problem = s::check_view(args->k, "k", a.batch, a.seqlen_kv, a.heads_kv, a.head_dim);
+    problem = s::check_view(args->q, "q", a.dtype, a.batch, a.seqlen_q, a.heads, a.head_dim);
+  }
+  if (problem.empty()) {
+    problem =
+        s::check_view(args->k, "k", a.dtype, a.batch, a.seqlen_kv, a.heads_kv, a.head_dim);
   }
   if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
   const int pow2 = args->use_power_2_scales;
@@ -191,7 +295,7 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
       const_cast<void *>(a.k8), const_cast<float *>(a.k_scale), pow2, args->amax_epsilon, stream);
   if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q and K casts");
   if (a.seqlen_kv > 0) {
-    const NVTEExactFP8TokenView v = s::contiguous_v(a);
+    const NVTEExactFP8TokenView v = s::v_view(a);
     const bool aligned = a.batch > 1 && a.seqlen_kv % 16 != 0;  // the header's cu_vt rule
     const NVTEExactFP8Chunks chunks{nullptr,      a.cu_chunks, a.batch,
                                     a.num_chunks, s::kKVTile,  aligned ? a.cu_vt : nullptr,

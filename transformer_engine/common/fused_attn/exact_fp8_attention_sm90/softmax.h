@@ -20,7 +20,11 @@
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_SOFTMAX_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_SOFTMAX_H_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -51,24 +55,32 @@ CUTLASS_DEVICE float fast_exp2(float x) {
 
 // The column-scaled scores of one consumer warpgroup (Note [Mask-exact FP8 scaling]):
 //   t[r, n] = (Q8 . K8^T)[r, n] * k_scale[n],  -inf where a boundary tile's element-wise mask
-//   hides (r, n) (keys past s_kv, the causal diagonal); and of the thread's two rows
-//   row_scale[r] = q_scale[r] * softmax_scale * log2(e) > 0, which OnlineSoftmax folds into its
-//   exponent (1 for rows past s_q: they are computed and never stored).
+//   hides (r, n) (params.h: keys past len_kv, the causal diagonal, a window's edges); and of the
+//   thread's two rows row_scale[r] = q_scale[r] * softmax_scale * log2(e) > 0, which
+//   OnlineSoftmax folds into its exponent (1 for rows past len_q: they are computed and never
+//   stored).
 struct ScoreScales {
-  AttentionParams const &p;
   float row_scale[2];  // of the thread's two rows
-  int row[2];          // their positions in the sample
+  // The keys each row sees, [first_key, first_key + num_keys): one unsigned compare per score,
+  // (unsigned)(key - first_key) < num_keys (num_keys 0 for a row past len_q).
+  int first_key[2];
+  uint32_t num_keys[2];
 
   template <class CoordS>
-  CUTLASS_DEVICE ScoreScales(AttentionParams const &p_, CoordS const &tScS, int batch, int head,
-                             int q0)
-      : p(p_) {
-    const int64_t t_q = static_cast<int64_t>(p.batch) * p.seqlen_q;
-    const float *q_scale = p.q_scale + head * t_q + static_cast<int64_t>(batch) * p.seqlen_q;
+  CUTLASS_DEVICE ScoreScales(AttentionParams const &p, Sequence const &s, CoordS const &tScS,
+                             int head, int q0) {
+    const float *q_scale = p.q_scale + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row[h] = q0 + get<0>(tScS(2 * h));
-      row_scale[h] = row[h] < p.seqlen_q ? q_scale[row[h]] * p.scale_log2 : 1.0f;
+      const int row = q0 + get<0>(tScS(2 * h));
+      const bool real = row < s.len_q;
+      row_scale[h] = real ? q_scale[row] * p.scale_log2 : 1.0f;
+      // int64: the window sides may be kUnbounded
+      const int64_t first = max(static_cast<int64_t>(row) + s.diag - p.window_left, int64_t(0));
+      const int64_t last = min(static_cast<int64_t>(row) + s.diag + p.window_right,
+                               static_cast<int64_t>(s.len_kv) - 1);
+      first_key[h] = static_cast<int>(first);
+      num_keys[h] = real && last >= first ? static_cast<uint32_t>(last - first + 1) : 0u;
     }
   }
 
@@ -100,8 +112,8 @@ struct ScoreScales {
         float t = tSrS(v) * ((i & 1) ? ks.y : ks.x);
         if constexpr (kBoundary) {
           const int key = key0 + get<1>(tScS(v));
-          const bool visible = key < p.seqlen_kv && (!p.causal || key <= row[h]);
-          t = visible ? t : -INFINITY;
+          const bool seen = static_cast<uint32_t>(key - first_key[h]) < num_keys[h];
+          t = seen ? t : -INFINITY;  // a select: NaN scores of hidden keys never pass
         }
         tSrS(v) = t;
       }
@@ -262,13 +274,29 @@ CUTLASS_DEVICE void p_to_fp8_operand(FragS const &p, FragA &a) {
   }
 }
 
-// P (fp32) -> the bf16 A operand of the boundary tiles' P.V WGMMA. cute's ALayout_64x16 per 16
-// keys orders values as the accumulator does (value i of both is the same (row, key)).
+// Two fp32 values as one 32-bit word of two 16-bit values of Element (ElementTypes::Bf16 or
+// ::Fp16; round to nearest), the first in the low half: an output pair or an operand word.
+template <class Element>
+CUTLASS_DEVICE uint32_t pack_16bit_pair(float a, float b) {
+  if constexpr (std::is_same_v<Element, ElementTypes::Fp16>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
+  } else {
+    static_assert(std::is_same_v<Element, ElementTypes::Bf16>, "bf16 or fp16");
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t const *>(&h);
+  }
+}
+
+// P (fp32) -> the A operand of the boundary tiles' P.V WGMMA in the input dtype (bf16 or fp16,
+// the fragment's element type; round to nearest). cute's ALayout_64x16 per 16 keys orders values
+// as the accumulator does (value i of both is the same (row, key)).
 template <class FragS, class FragA>
-CUTLASS_DEVICE void p_to_bf16_operand(FragS const &p, FragA &a) {
+CUTLASS_DEVICE void p_to_16bit_operand(FragS const &p, FragA &a) {
   static_assert(decltype(size(p))::value == 64 && decltype(size(a))::value == 64, "P fragments");
+  using Element = typename FragA::value_type;
 #pragma unroll
-  for (int v = 0; v < 64; ++v) a(v) = static_cast<KernelTraits::Bf16>(p(v));
+  for (int v = 0; v < 64; ++v) a(v) = static_cast<Element>(p(v));
 }
 
 }  // namespace sm90

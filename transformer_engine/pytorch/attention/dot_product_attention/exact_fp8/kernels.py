@@ -11,8 +11,9 @@ package):
   "triton"  triton/: the Triton kernels and their launchers, for every GPU Triton runs FP8 on
             (sm89+): the forward, and the backward of every call (docs/backward.md).
   "cuda"    cuda/: the CUDA C++ (CuTe) forward and backward kernels for sm90
-            (docs/attention_kernel_sm90.md, docs/backward.md): bshd or sbhd, bf16, d = 128,
-            current scaling, causal or no mask so far.
+            (docs/attention_kernel_sm90.md, docs/backward.md): the forward of bshd, sbhd and
+            thd, bf16 and fp16, d = 64 and 128, current scaling, every mask type and sliding
+            window; the backward of its dense d = 128 causal and no-mask calls.
 
 Which backend runs a call (`choose_backend`): NVTE_FP8_DPA_MASK_EXACT_BACKEND = "triton" or
 "cuda" forces one (a forced "cuda" raises ValueError for what it does not run); unset or "auto",

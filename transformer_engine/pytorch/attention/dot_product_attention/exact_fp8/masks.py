@@ -57,6 +57,16 @@ def diagonal_offset(mask_type: str, len_q: int, len_kv: int) -> int:
     return 0 if mask_type in _TOP_LEFT else len_kv - len_q
 
 
+def bshd_view(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
+    """A dense bshd [b, s, h, d] or sbhd [s, b, h, d] tensor as bshd: itself, or sbhd's transpose
+    (a view; bshd_view of the result gives x back)."""
+    if qkv_format == "bshd":
+        return x
+    if qkv_format == "sbhd":
+        return x.transpose(0, 1)
+    raise ValueError(f"qkv_format must be bshd or sbhd, got {qkv_format!r}")
+
+
 def to_tokens(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
     """bshd [b, s, h, d] / sbhd [s, b, h, d] / thd [t, h, d] -> tokens [t, h, d] (a view if possible)."""
     if qkv_format == "bshd":

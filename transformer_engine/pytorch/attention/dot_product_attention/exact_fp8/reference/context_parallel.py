@@ -15,7 +15,7 @@ from ..context_parallel.chunking import Section
 from ..context_parallel.payload import KVPayload
 from ..context_parallel.steps import query_rows
 from ..formats import KV_TILE
-from ..masks import to_tokens
+from ..masks import bshd_view, to_tokens
 from .attention import QuantConfig, reference_attention
 from .quantize import (
     dequantize,
@@ -77,13 +77,11 @@ def _quantized_q(q_t: torch.Tensor, recipe: str, quant: QuantConfig) -> torch.Te
 
 def _heads_first(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
     """[b, n, h, d] (bshd) or [n, b, h, d] (sbhd) -> [b, h, n, d] fp64."""
-    x = x if qkv_format == "bshd" else x.transpose(0, 1)
-    return x.double().permute(0, 2, 1, 3)
+    return bshd_view(x, qkv_format).double().permute(0, 2, 1, 3)
 
 
 def _back(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
-    x = x.permute(0, 2, 1, 3)
-    return x if qkv_format == "bshd" else x.transpose(0, 1)
+    return bshd_view(x.permute(0, 2, 1, 3), qkv_format)
 
 
 def reference_step_backward(

@@ -9,9 +9,8 @@ channel) for MXFP8). See Note [Mask-exact FP8 scaling] in
 formats.py for the rules and docs/attention_kernel.md for the design and the measurements.
 """
 
-import functools
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -29,7 +28,8 @@ from .launch import CompiledLauncher
 from .masking import UNBOUNDED
 from .. import quantize
 from ..masks import QKV_FORMATS, check_mask_type
-from ..vt_layout import dense_column_starts, dense_needs_alignment, dense_offsets
+from ..sequences import sequences
+from ..vt_layout import dense_column_starts
 
 __all__ = ["RECIPES", "HEAD_DIMS", "exact_fp8_attention_forward"]
 
@@ -54,26 +54,6 @@ _LAUNCH_CONFIG = {
 # Calls of a configuration seen before launch the compiled kernel without Triton's argument
 # binder (triton/launch.py): the larger part of the JIT's host time per call.
 _KERNEL = CompiledLauncher(attention_forward_kernel)
-
-
-class _Sequences(NamedTuple):
-    """Where the sequences live along the flattened token axes of q and of k/v.
-
-    cu_* [num_seqs + 1] int32 on the device: cu_q/cu_kv give the real lengths, cu_*_start the
-    first token of each sequence (used by thd only; dense layouts have span_* tokens per sample).
-    span_q: tokens per sample (dense), or max_seqlen_q (thd: the grid's rows per sequence; the
-    host never reads the offsets). span_kv: tokens per sample (dense), 0 (thd).
-    """
-
-    num_seqs: int
-    span_q: int
-    span_kv: int
-    cu_q: torch.Tensor
-    cu_q_start: torch.Tensor
-    cu_kv: torch.Tensor
-    cu_kv_start: torch.Tensor
-    varlen: bool
-    align_v: bool  # V8^T in vt_layout's aligned layout (thd, or dense samples off the 16-grid)
 
 
 def exact_fp8_attention_forward(
@@ -138,7 +118,7 @@ def exact_fp8_attention_forward(
     _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size)
     if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
         raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
-    seqs = _sequences(
+    seqs = sequences(
         q, k, qkv_format, attn_mask_type, cu_seqlens_q, cu_seqlens_kv,
         cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
     )  # fmt: skip
@@ -179,81 +159,6 @@ def _check_inputs(q, k, v, recipe, qkv_format, attn_mask_type, window_size):
         raise ValueError("exact FP8 attention runs on CUDA tensors (or under TRITON_INTERPRET=1)")
     if q.device.type == "cuda" and device_capability(q.device) < (8, 9):
         raise ValueError("exact FP8 attention needs FP8 tensor cores (compute capability >= 8.9)")
-
-
-def _sequences(
-    q, k, qkv_format, attn_mask_type, cu_q, cu_kv, cu_q_padded, cu_kv_padded, max_seqlen_q
-) -> _Sequences:
-    device = q.device
-    if qkv_format == "thd":
-        # The offsets stay on the device (no sync; capturable): the grid covers max_seqlen_q rows
-        # per sequence (the kernel zeroes a padded allocation's rows past it) and V8^T takes
-        # the aligned layout, whose columns and size need no offsets (see quantize's sync_free).
-        if cu_q is None or cu_kv is None:
-            raise ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
-        cu_q, cu_kv = (_int32(x, device) for x in (cu_q, cu_kv))
-        start_q = cu_q if cu_q_padded is None else _int32(cu_q_padded, device)
-        start_kv = cu_kv if cu_kv_padded is None else _int32(cu_kv_padded, device)
-        if not cu_q.shape == cu_kv.shape == start_q.shape == start_kv.shape:
-            raise ValueError("cu_seqlens_q/kv (and their padded versions) must have equal lengths")
-        if max_seqlen_q is None:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise ValueError(
-                    "thd under CUDA graph capture needs max_seqlen_q (the longest real query"
-                    " sequence, or more): the launcher cannot read cu_seqlens_q on the host"
-                )
-            max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
-        span_kv = 0  # the kernel reads kv spans from cu_seqlens_kv(_padded)
-        return _Sequences(
-            cu_q.numel() - 1, int(max_seqlen_q), span_kv, cu_q, start_q, cu_kv, start_kv,
-            varlen=True, align_v=True,
-        )  # fmt: skip
-    b_dim, s_dim = (0, 1) if qkv_format == "bshd" else (1, 0)
-    batch, s_q, s_kv = q.shape[b_dim], q.shape[s_dim], k.shape[s_dim]
-    if k.shape[b_dim] != batch:
-        raise ValueError(f"q and k hold different batch sizes: {q.shape}, {k.shape}")
-    if "padding" not in attn_mask_type:
-        return _dense_sequences(batch, s_q, s_kv, device)
-    cu_q = _dense_lengths(cu_q, batch, s_q, device)
-    cu_kv = _dense_lengths(cu_kv, batch, s_kv, device)
-    return _Sequences(
-        batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv)
-    )
-
-
-def _dense_sequences(batch: int, s_q: int, s_kv: int, device: torch.device) -> _Sequences:
-    """Dense samples without a padding mask: every length is the sample's span. Cached per
-    (batch, s_q, s_kv, device) like the offsets it holds (vt_layout.dense_offsets), and built
-    afresh while a CUDA graph is being captured, as those are."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _build_dense_sequences(batch, s_q, s_kv, device)
-    return _cached_dense_sequences(batch, s_q, s_kv, device)
-
-
-def _build_dense_sequences(batch, s_q, s_kv, device):
-    cu_q, cu_kv = dense_offsets(batch, s_q, device), dense_offsets(batch, s_kv, device)
-    return _Sequences(
-        batch, s_q, s_kv, cu_q, cu_q, cu_kv, cu_kv, False, dense_needs_alignment(batch, s_kv)
-    )
-
-
-_cached_dense_sequences = functools.lru_cache(maxsize=64)(_build_dense_sequences)
-
-
-def _int32(x, device) -> torch.Tensor:
-    return torch.as_tensor(x, device=device).to(torch.int32).contiguous()
-
-
-def _dense_lengths(cu, batch, seqlen, device) -> torch.Tensor:
-    """[batch + 1] int32 cumulative real lengths of bshd/sbhd samples (all seqlen if cu is None)."""
-    if cu is None:  # cached per shape: no kernel launch per call
-        return dense_offsets(batch, seqlen, device)
-    cu = _int32(cu, device)
-    if cu.shape != (batch + 1,):
-        raise ValueError(
-            f"cu_seqlens must have batch + 1 = {batch + 1} entries, got {tuple(cu.shape)}"
-        )
-    return cu
 
 
 def _quantize_k(k, qkv_format, recipe, use_power_2_scales, amax_epsilon):

@@ -16,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .attention import _check_inputs, _d_contiguous, _layout_strides, _quantize_k, _sequences
+from ..sequences import sequences
+from .attention import _check_inputs, _d_contiguous, _layout_strides, _quantize_k
 from .backward_kernel import (
     backward_dkdv_kernel,
     backward_dq_kernel,
@@ -102,7 +103,7 @@ def exact_fp8_attention_backward(
     check_forward_outputs(q, out, d_out, lse, t_q)
     if recipe == "mxfp8" and (use_power_2_scales or amax_epsilon != 0.0):
         raise ValueError("use_power_2_scales and amax_epsilon belong to current scaling only")
-    seqs = _sequences(
+    seqs = sequences(
         q, k, qkv_format, attn_mask_type, cu_seqlens_q, cu_seqlens_kv,
         cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q,
     )  # fmt: skip
@@ -154,18 +155,20 @@ def row_statistics(
     """(D, LSE2), fp32 [h, t_q] each, of a dense (bshd or sbhd) call: D = rowsum(dO * O) over
     the elements where dO != 0 and LSE2 = LSE * log2(e) (+inf where LSE = -inf), as every
     backward of this package reads them (backward_preprocess_kernel); for the CUDA backward."""
-    seqs = _sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
+    seqs = sequences(q, k, qkv_format, attn_mask_type, None, None, None, None, None)
     return _preprocess(_d_contiguous(out), _d_contiguous(d_out), lse, seqs, qkv_format)
 
 
 DEQUANTIZE_BLOCK_ROWS = 32
 
 
-def dequantized_rows(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x8 [..., d] e4m3 (contiguous) times its per-row scale_inv [...] fp32, in bf16 saturated
-    to its finite range (NaN kept): the dequantized operands the backward's dK and dQ products
-    take (_dequantize of backward_kernel.py), for the CUDA backward."""
-    out = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
+def dequantized_rows(
+    x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """x8 [..., d] e4m3 (contiguous) times its per-row scale_inv [...] fp32, in `dtype` (bf16 or
+    fp16) saturated to its finite range (NaN kept): the dequantized operands the backward's dK
+    and dQ products take (_dequantize of backward_kernel.py), for the CUDA backward."""
+    out = torch.empty(x8.shape, dtype=dtype, device=x8.device)
     rows = scale.numel()
     if rows > 0:
         grid = (triton.cdiv(rows, DEQUANTIZE_BLOCK_ROWS),)

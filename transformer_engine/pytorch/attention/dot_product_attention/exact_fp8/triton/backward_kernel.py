@@ -291,15 +291,15 @@ def backward_preprocess_kernel(
 
 @triton.jit
 def dequantize_rows_kernel(X8, SCALE, OUT, num_rows, HEAD_DIM: tl.constexpr, BR: tl.constexpr):
-    """Grid (rows / BR). OUT [R, d] bf16 = X8 [R, d] e4m3 * SCALE [R] fp32 (scale_inv per row),
-    in fp32 and saturated to bf16's range: _dequantize's operands of dK and dQ, for the CUDA
-    backward (cuda/backward.py), which reads them from memory."""
+    """Grid (rows / BR). OUT [R, d] (bf16 or fp16) = X8 [R, d] e4m3 * SCALE [R] fp32 (scale_inv
+    per row), in fp32 and saturated to OUT's range: _dequantize's operands of dK and dQ, for the
+    CUDA backward (cuda/backward.py), which reads them from memory."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     ok = rows < num_rows
     offs = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     x = tl.load(X8 + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     scale = tl.load(SCALE + rows, mask=ok, other=0.0)
-    tl.store(OUT + offs, _saturate(x * scale[:, None], tl.bfloat16), mask=ok[:, None])
+    tl.store(OUT + offs, _saturate(x * scale[:, None], OUT.dtype.element_ty), mask=ok[:, None])
 
 
 # ------------------------------------------------------------------------------- dK, dV
