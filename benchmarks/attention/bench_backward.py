@@ -36,7 +36,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # a build folder before the checkout on PYTHONPATH keeps its package
+    sys.path.insert(0, str(ROOT))
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
