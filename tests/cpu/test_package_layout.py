@@ -199,39 +199,20 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
 
     q = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
+
+    def leaky(dtype=torch.bfloat16, d=128, **kw):  # the leaky variant on s = 128 CPU tensors
+        x = torch.zeros(1, 128, 1, d, dtype=dtype)
+        return attention.unsupported_reason(x, x, x, recipe="current", fp8_v_everywhere=True, **kw)
+
     reasons = {
         "recipe": attention.unsupported_reason(q, q, q, recipe="mxfp8"),
         "dtype": attention.unsupported_reason(q.float(), q.float(), q.float(), recipe="current"),
         "mixed": attention.unsupported_reason(q, q.half(), q, recipe="current"),
-        "leaky fp16": attention.unsupported_reason(
-            *(torch.zeros(1, 128, 1, 128, dtype=torch.half),) * 3,
-            recipe="current",
-            fp8_v_everywhere=True,
-        ),
-        "leaky padding": attention.unsupported_reason(
-            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
-            recipe="current",
-            attn_mask_type="padding_causal",
-            fp8_v_everywhere=True,
-        ),
-        "leaky window": attention.unsupported_reason(
-            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
-            recipe="current",
-            window_size=(64, 0),
-            fp8_v_everywhere=True,
-        ),
-        "leaky d = 64": attention.unsupported_reason(
-            *(torch.zeros(1, 128, 1, 64, dtype=torch.bfloat16),) * 3,
-            recipe="current",
-            fp8_v_everywhere=True,
-        ),
-        "leaky right window": attention.unsupported_reason(
-            *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
-            recipe="current",
-            attn_mask_type="no_mask",
-            window_size=(-1, 0),
-            fp8_v_everywhere=True,
-        ),
+        "leaky fp16": leaky(dtype=torch.half),
+        "leaky padding": leaky(attn_mask_type="padding_causal"),
+        "leaky window": leaky(window_size=(64, 0)),
+        "leaky d = 64": leaky(d=64),
+        "leaky right window": leaky(attn_mask_type="no_mask", window_size=(-1, 0)),
         "thd without cu_seqlens": attention.unsupported_reason(
             q[0], q[0], q[0], recipe="current", qkv_format="thd"
         ),
@@ -247,12 +228,8 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     assert "leaky variant" in reasons["leaky window"] and "window" in reasons["leaky window"]
     assert "window" in reasons["leaky right window"]
     assert "d = 64 (128 only)" in reasons["leaky d = 64"]
-    causal_leaky = attention.unsupported_reason(
-        *(torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16),) * 3,
-        recipe="current",
-        window_size=(-1, 0),
-        fp8_v_everywhere=True,
-    )  # causal's own window: the leaky variant runs it (this CPU tensor fails the device check)
+    causal_leaky = leaky(window_size=(-1, 0))
+    # causal's own window: the leaky variant runs it (this CPU tensor fails the device check)
     assert "sm90 GPU" in causal_leaky
     # held back (Note [Padding masks and thd on the CUDA forward]): the Triton kernel runs them
     assert "padding masks and thd" in reasons["thd without cu_seqlens"]

@@ -320,8 +320,7 @@ def test_one_call_forward_equals_the_casts_then_the_kernel(shape, mask, leaky):
     ops = attention.quantize_operands(q, k, v, **kw)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(h, b * s_q, dtype=torch.float32, device="cuda")
-    causal = {"no_mask": 0, "causal": 1, "causal_bottom_right": 2}[mask]  # the C API's code
-    attention.launch(ops, out, lse, causal, 128**-0.5, leaky)
+    attention.launch(ops, out, lse, attention._MASK_CODES[mask], 128**-0.5, leaky)
     assert torch.equal(one_call[0], out) and torch.equal(one_call[1], lse)
 
 
