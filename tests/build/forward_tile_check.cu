@@ -8,8 +8,9 @@
 //   * the element-wise mask of ScoreScales (softmax.h), replayed here: the keys a row sees;
 //   * tail_visit: the visit of the incomplete last tile under zero_v_tail;
 //   * v16_row_bytes (kernel_traits.h), d = 64 and 128: every element of a (key, 64-d half) of
-//     SmemLayoutV16 lies in the 128-byte row that zero_v_tail zeroes, and the rows of different
-//     pairs differ.
+//     SmemLayoutV16, addressed through cute's swizzled smem pointer as the TMA and WGMMA
+//     partitions address it, lies in the 128-byte row that zero_v_tail zeroes, and the rows of
+//     different pairs differ.
 // Prints "ok" and exits 0, or prints the first mismatches and exits 1. Run by
 // tests/build/test_build_sm90_attention.py.
 #include <cstdint>
@@ -144,9 +145,15 @@ void check_sequence(int len_q, int len_kv, int causal, int left, int right, bool
   }
 }
 
+// A 16-bit V tile's shared memory (1024-byte aligned, as SharedStorage::v): its elements are
+// addressed as the kernel's TMA and WGMMA partitions address them, through cute's swizzled
+// smem pointer, whose swizzle acts on byte addresses (not on the layout's element offsets).
+alignas(1024) cutlass::bfloat16_t v16_tile[128 * 128];
+
 template <int kHeadDim>
 void check_v16_rows() {
   using Traits = KernelTraits<kHeadDim>;
+  Tensor tile = make_tensor(make_smem_ptr(v16_tile), typename Traits::SmemLayoutV16{});
   std::set<int> rows;
   for (int key = 0; key < kKVTile; ++key) {
     for (int half = 0; half < kHeadDim / 64; ++half) {
@@ -158,8 +165,8 @@ void check_v16_rows() {
         }
       }
       for (int d = 64 * half; d < 64 * half + 64; ++d) {
-        const int bytes =
-            2 * static_cast<int>(typename Traits::SmemLayoutV16{}(make_coord(d, key)));
+        const int bytes = static_cast<int>(reinterpret_cast<char const *>(&tile(d, key)) -
+                                           reinterpret_cast<char const *>(v16_tile));
         if (bytes / 128 * 128 != row && bad++ < 10) {
           std::printf("d %d: v16 element (d %d, key %d) at byte %d, not in row %d\n", kHeadDim,
                       d, key, bytes, row);

@@ -163,7 +163,7 @@ def test_auto_choice_sends_a_leaky_call_the_cuda_kernel_refuses_to_triton(monkey
     "change,match",
     [
         (dict(recipe="mxfp8"), "recipe 'mxfp8'"),
-        (dict(qkv_format="thd"), "padding masks and thd"),
+        (dict(qkv_format="thd"), "thd needs cu_seqlens_q and cu_seqlens_kv"),
         (dict(fp8_v_everywhere=True, attn_mask_type="padding"), "leaky variant"),
         (dict(fp8_v_everywhere=True, window_size=(64, 0)), "leaky variant"),
     ],
@@ -231,16 +231,18 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
     causal_leaky = leaky(window_size=(-1, 0))
     # causal's own window: the leaky variant runs it (this CPU tensor fails the device check)
     assert "sm90 GPU" in causal_leaky
-    # held back (Note [Padding masks and thd on the CUDA forward]): the Triton kernel runs them
-    assert "padding masks and thd" in reasons["thd without cu_seqlens"]
-    assert "padding masks and thd" in reasons["thd 4-d"]
+    assert "thd needs cu_seqlens_q and cu_seqlens_kv" in reasons["thd without cu_seqlens"]
+    assert "thd needs 3-d q, k, v" in reasons["thd 4-d"]
     # The kernel's formats, masks, windows, sequences and dtypes: these CPU tensors fail the
     # device check, not one of theirs.
     cu = torch.tensor([0, 4], dtype=torch.int32)
     kernel_calls = {
         "sbhd": dict(qkv_format="sbhd"),
+        "padding": dict(attn_mask_type="padding"),
+        "padding_causal_bottom_right": dict(attn_mask_type="padding_causal_bottom_right"),
         "window": dict(attn_mask_type="causal", window_size=(64, 0)),
         "two-sided window": dict(attn_mask_type="no_mask", window_size=(64, 3)),
+        "cu_seqlens": dict(attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu),
         "fp16": dict(),
         "d = 64": dict(),
     }
@@ -248,19 +250,11 @@ def test_cuda_unsupported_reason_names_what_it_does_not_run():
         x = q.half() if name == "fp16" else (q[..., :64] if name == "d = 64" else q)
         reason = attention.unsupported_reason(x, x, x, recipe="current", **kw)
         assert "sm90 GPU" in reason, (name, reason)
-    for kw in (
-        dict(attn_mask_type="padding"),
-        dict(attn_mask_type="padding_causal_bottom_right"),
-        dict(attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu),
-    ):
-        assert "padding masks and thd" in attention.unsupported_reason(
-            q, q, q, recipe="current", **kw
-        )
     thd = attention.unsupported_reason(
         q[0], q[0], q[0], recipe="current", qkv_format="thd", attn_mask_type="padding_causal",
         cu_seqlens_q=cu, cu_seqlens_kv=cu,
     )  # fmt: skip
-    assert "padding masks and thd" in thd, thd
+    assert "sm90 GPU" in thd, thd
     kv = attention.unsupported_reason(q, q, q, recipe="current", kv_fp8=object())
     assert "argument(s) kv_fp8" in kv
 

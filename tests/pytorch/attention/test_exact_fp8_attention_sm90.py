@@ -524,27 +524,16 @@ def _forward(case, backend, q=None, k=None, v=None):
     return kernels.attention_forward(q, k, v, backend=backend, recipe="current", **case.kw)
 
 
-# Note [Padding masks and thd on the CUDA forward] (cuda/attention.py): held back, they run the
-# Triton kernel; their tests below run once the CUDA path takes them again.
-HELD_BACK = pytest.mark.skip(reason="padding masks and thd are held back from the CUDA forward")
-
-
-def _held_back(name):
-    return "window-" not in name
-
-
 def test_sequences_and_windows_run_the_cuda_kernel(monkeypatch):
     monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
     for name, make in SEQUENCE_CASES.items():
         case = make(torch.bfloat16)
         chosen = kernels.choose_backend(case.q, case.k, case.v, recipe="current", **case.kw)
-        assert chosen == ("triton" if _held_back(name) else "cuda"), name
+        assert chosen == "cuda", name
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=HELD_BACK) if _held_back(n) else n for n in SEQUENCE_CASES]
-)
+@pytest.mark.parametrize("name", list(SEQUENCE_CASES))
 def test_sequences_and_windows_agree_with_the_triton_kernel_and_fp64(name, dtype):
     """Padding masks, thd packs (with and without padded allocations) and sliding windows: real
     rows within test_agrees_with_the_triton_kernel's tolerance of the Triton kernel (half the
@@ -580,7 +569,6 @@ def test_sequences_and_windows_agree_with_the_triton_kernel_and_fp64(name, dtype
 GARBAGE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "max": BF16_MAX}
 
 
-@HELD_BACK
 @pytest.mark.parametrize("garbage", list(GARBAGE) + ["random-large"])
 @pytest.mark.parametrize(
     "name", ["bshd-padding_causal", "bshd-padding", "thd-padded-allocation", "thd-window"]
@@ -615,6 +603,50 @@ def test_padding_garbage_changes_no_output_bit(name, garbage):
     assert (_tokens(out2, case)[~case.real_q.cuda()] == 0).all()
 
 
+# Real key counts whose last KV tile ends at every position of a 16-key group, in the first and
+# the second KV tile: zero_v_tail zeroes 128-byte rows of the swizzled V tile, and the rows of
+# keys 8 .. 15 of a group are where a wrong swizzle domain once put other keys' rows.
+TAIL_LENGTHS = [n for n in range(1, 17)] + [128 + n for n in range(1, 17)]
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "thd"])
+@pytest.mark.parametrize("mask", ["padding", "padding_causal"])
+def test_every_tail_length_keeps_real_keys_and_drops_padding(mask, fmt):
+    """For a last KV tile of every length mod 16 (TAIL_LENGTHS, one sequence each): NaN in every
+    padded position changes no bit of a real row (the tail's V zeroed past the last key), and a
+    real key near the end of its sequence (the 16 last ones, one at a time) changes exactly the
+    rows that see it (its V row is not zeroed with the padding). Agreement tests cannot see one
+    missing key among a hundred: this one does."""
+    lens = TAIL_LENGTHS
+    s = max(lens) + 16
+    if fmt == "bshd":
+        case = _dense_case(63, s, s, lens, lens, mask)
+    else:
+        case = _thd_case(63, lens, lens, mask, pads=[16] * len(lens))
+    out, lse = _forward(case, "cuda")
+    nan_v = _tokens(case.v, case).masked_fill(~case.real_kv.cuda().view(-1, 1, 1), float("nan"))
+    out2, lse2 = _forward(case, "cuda", v=nan_v.view(case.v.shape))
+    assert torch.equal(out2, out) and torch.equal(lse2, lse), "padded V reached a real row"
+
+    spans = [s] * len(lens) if fmt == "bshd" else [n + 16 for n in lens]
+    starts = [sum(spans[:i]) for i in range(len(lens))]  # each sequence's first token
+    rows_of = [torch.arange(n) + starts[i] for i, n in enumerate(lens)]
+    for back in range(1, 17):  # key len - back of every sequence at once
+        keys = [starts[i] + n - back for i, n in enumerate(lens) if n >= back]
+        v2 = _tokens(case.v, case).clone()
+        v2[keys] += 64.0
+        out3 = _tokens(_forward(case, "cuda", v=v2.view(case.v.shape))[0], case)
+        changed = (out3 != _tokens(out, case)).flatten(1).any(1).cpu()
+        for i, n in enumerate(lens):
+            if n < back:
+                continue
+            rows = rows_of[i]
+            sees = torch.ones(n, dtype=torch.bool) if mask == "padding" else (
+                torch.arange(n) >= n - back
+            )  # fmt: skip
+            assert torch.equal(changed[rows], sees), (fmt, mask, n, back)
+
+
 @pytest.mark.parametrize("name", ["window-causal", "window-two-sided", "window-bottom-right"])
 @pytest.mark.parametrize("seed", range(4))
 def test_keys_outside_the_window_change_no_bit(name, seed):
@@ -644,7 +676,6 @@ def test_keys_outside_the_window_change_no_bit(name, seed):
     assert not torch.equal(out2[:, sees.cuda()], out[:, sees.cuda()])  # control: j is seen
 
 
-@HELD_BACK
 @pytest.mark.parametrize("name", ["thd-padding_causal", "thd-padding-cross", "thd-window"])
 def test_thd_sequences_are_isolated(name):
     """Every token of sequence 1 (any finite values, V scales far apart) changes no bit of the
@@ -706,7 +737,6 @@ def test_d64_future_changes_no_prefix_bit(t, mask):
     assert torch.equal(rows(lse2), rows(lse))
 
 
-@HELD_BACK
 @pytest.mark.parametrize("garbage", ["nan", "inf", "max"])
 def test_d64_thd_padding_garbage_changes_no_output_bit(garbage):
     """A padded thd pack at d = 64 (the tail V zeroed in its one 128-byte row per key)."""

@@ -121,11 +121,16 @@ struct KernelTraits : ElementTypes {
     alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
   };
 
-  // Byte offset in a SmemLayoutV16 tile of the 128-byte row that holds key `key`'s d values
-  // 64 half .. 64 half + 63 (an SW128 atom's row: its swizzle permutes the row's 16-byte chunks
-  // only; tests/build checks that every element of the pair lies in that row).
+  // Byte offset in a SmemLayoutV16 tile (1024-byte aligned) of the 128-byte row that holds key
+  // `key`'s d values 64 half .. 64 half + 63. The SW128 swizzle of TMA and WGMMA XORs bits
+  // [4, 7) of the shared-memory byte address with bits [7, 10): it permutes the 16-byte chunks
+  // of a row and never moves a byte to another row. cute applies it the same way, to the byte
+  // address of a smem pointer (the atom's smem_ptr_flag), so the row is that of the unswizzled
+  // layout (layout_b). Evaluating the composed layout itself would apply the swizzle to element
+  // offsets, which moves rows (key 9 onto key 8's at 16 bits); tests/build checks the rows
+  // against cute's swizzled pointer.
   CUTLASS_HOST_DEVICE static int v16_row_bytes(int key, int half) {
-    return static_cast<int>(SmemLayoutV16{}(make_coord(64 * half, key))) / 64 * 128;
+    return static_cast<int>(SmemLayoutV16{}.layout_b()(make_coord(64 * half, key))) * 2;
   }
 };
 

@@ -358,14 +358,8 @@ def _refusal(q, k, v, kwargs) -> Optional[ValueError]:
         causal = "causal" in get("attn_mask_type", "causal")
         if window is not None and tuple(window) not in ((-1, -1), (-1, 0) if causal else (-1, -1)):
             return _unsupported("fp8_v_everywhere (the leaky variant) with a sliding window")
-    if get("qkv_format") == "thd" or "padding" in get("attn_mask_type", "causal"):
-        # Note [Padding masks and thd on the CUDA forward]: on the H200 (2026-12-05) NaN and Inf
-        # in the padded V positions of a bshd sample of 173 real keys changed its real rows, while
-        # the thd and other-length cases held; until that is understood and fixed, these calls run
-        # the Triton kernel (the kernel and its C API take them: docs/attention_kernel_sm90.md).
-        return _unsupported(
-            "padding masks and thd (held back: Note [Padding masks and thd on the CUDA forward])"
-        )
+    if get("qkv_format") == "thd" and (get("cu_seqlens_q") is None or get("cu_seqlens_kv") is None):
+        return ValueError("thd needs cu_seqlens_q and cu_seqlens_kv")
     s_kv_dim = 0 if get("qkv_format") == "sbhd" else 1
     if get("fp8_v_everywhere") and k.dim() == 4 and k.shape[s_kv_dim] % KV_TILE != 0:
         # its V8^T keeps a ragged last 16-key group in natural order (vt_layout)
