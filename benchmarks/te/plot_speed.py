@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "fwd+bwd", "bwd")  # the passes drawn, those present in the rows
 
 
 def _series(rows: List[Dict], mode: str) -> Dict[str, List]:
@@ -22,15 +22,17 @@ def _series(rows: List[Dict], mode: str) -> Dict[str, List]:
 
 
 def plot_speed(result: Dict, png: Path) -> None:
-    """One panel per pass (fwd, fwd+bwd); raises ImportError without matplotlib."""
+    """One panel per pass (fwd, fwd+bwd, bwd: those the rows hold); raises ImportError without
+    matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     env = result["environment"]
-    fig, axes = plt.subplots(1, len(MODES), figsize=(11, 4.5), sharey=False)
-    for ax, mode in zip(axes, MODES):
+    modes = [m for m in MODES if any(r["mode"] == m for r in result["rows"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.5), sharey=False)
+    for ax, mode in zip(axes if len(modes) > 1 else [axes], modes):
         for path, points in _series(result["rows"], mode).items():
             s, tflops = zip(*points)
             ax.plot(s, tflops, marker="o", label=path)
