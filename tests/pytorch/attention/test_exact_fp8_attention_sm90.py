@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 
-from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import kernels, masks
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import attention
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.attention import (
     reference_attention,
@@ -645,6 +645,38 @@ def test_every_tail_length_keeps_real_keys_and_drops_padding(mask, fmt):
                 torch.arange(n) >= n - back
             )  # fmt: skip
             assert torch.equal(changed[rows], sees), (fmt, mask, n, back)
+
+
+# Dense geometries for the per-key test below: (mask, window, s_q, s_kv, head dim).
+KEY_GEOMETRIES = {
+    "causal": ("causal", None, 300, 300, 128),
+    "causal-bottom-right": ("causal_bottom_right", None, 200, 330, 128),
+    "no-mask": ("no_mask", None, 260, 300, 128),
+    "causal-window": ("causal", (128, 0), 400, 400, 128),
+    "two-sided-window": ("no_mask", (100, 37), 300, 300, 128),
+    "causal-d64": ("causal", None, 300, 300, 64),
+}
+
+
+@pytest.mark.parametrize("name", list(KEY_GEOMETRIES))
+def test_each_key_changes_exactly_the_rows_that_see_it(name):
+    """Keys at every kind of tile edge (the first and last of a KV tile, the diagonal's, the
+    sequence's last), one at a time with V raised by 64: the rows that see the key (masks.py's
+    rule) change, and no other row changes by a bit. Both directions at once: a row that misses
+    a key it sees, or reads one it does not, fails here, where an agreement tolerance would not
+    notice one key among hundreds."""
+    mask, window, s_q, s_kv, d = KEY_GEOMETRIES[name]
+    q, k, v = _inputs(64, 1, s_q, s_kv, 4, 2, outliers=False, d=d)
+    kw = dict(window_size=window) if window is not None else {}
+    out, _ = _cuda(q, k, v, mask, **kw)
+    seen = masks.allowed_positions(mask, window, s_q, s_kv)  # [s_q, s_kv]
+    edges = {0, 1, 63, 64, 127, 128, 129, 255, 256, s_kv - 2, s_kv - 1}
+    for j in sorted(x for x in edges if 0 <= x < s_kv):
+        v2 = v.clone()
+        v2[:, j] += 64.0
+        out2, _ = _cuda(q, k, v2, mask, **kw)
+        changed = (out2 != out)[0].flatten(1).any(1).cpu()  # [s_q]
+        assert torch.equal(changed, seen[:, j]), (name, j)
 
 
 @pytest.mark.parametrize("name", ["window-causal", "window-two-sided", "window-bottom-right"])
