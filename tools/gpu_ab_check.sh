@@ -24,14 +24,10 @@ OUT=${OUT:-$ROOT/gpu_out}
 STEPS=${STEPS:-tests control ab}
 BASE=$(cd "${BASE:?BASE: the base build folder}" && pwd)
 NEW=$(cd "${NEW:?NEW: the new build folder}" && pwd)
-mkdir -p "$OUT"
-LOG=$OUT/log.txt
-: > "$LOG"
-cd "$ROOT"
-export PYTHONUNBUFFERED=1
 SM90=tests/pytorch/attention/test_exact_fp8_attention_sm90.py
 TRITON=tests/pytorch/attention/test_exact_fp8_attention.py
 source "$ROOT/tools/gpu_common.sh"
+start_run
 gpu_environment
 rc=0
 

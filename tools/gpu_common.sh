@@ -1,7 +1,18 @@
 # Sourced by the tools/gpu_*.sh scripts: their log, step selection, environment block and the
-# quantization extension's build. The sourcing script sets ROOT, STEPS and LOG (and is in ROOT).
+# quantization extension's build. The sourcing script sets ROOT, STEPS and OUT, then calls
+# start_run (or sets LOG itself and works in ROOT).
 
 log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+
+# The run's start: $OUT created, LOG=$OUT/log.txt emptied, the working directory ROOT, Python
+# unbuffered (its lines reach the logs as they are printed).
+start_run() {
+  mkdir -p "$OUT"
+  LOG=$OUT/log.txt
+  : > "$LOG"
+  cd "$ROOT" || exit 2
+  export PYTHONUNBUFFERED=1
+}
 has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # The GPU, its clocks and the software versions, into the log.

@@ -21,12 +21,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
 STEPS=${STEPS:-smoke fwd_tests bwd_tests ab masks}
 LIB=$(cd "${LIB:?LIB: the build folder}" && pwd)
-mkdir -p "$OUT"
-LOG=$OUT/log.txt
-: > "$LOG"
-cd "$ROOT"
-export PYTHONUNBUFFERED=1
 source "$ROOT/tools/gpu_common.sh"
+start_run
 gpu_environment
 rc=0
 summary=()

@@ -21,13 +21,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu_out}
 STEPS=${STEPS:-smoke tests speed}
 LIB=$(cd "${LIB:?LIB: the build folder}" && pwd)
-mkdir -p "$OUT"
-LOG=$OUT/log.txt
-: > "$LOG"
-cd "$ROOT"
-export PYTHONUNBUFFERED=1
 export PYTHONPATH=$LIB:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 source "$ROOT/tools/gpu_common.sh"
+start_run
 gpu_environment
 rc=0
 

@@ -128,17 +128,15 @@ def forward_supported(
     mask = _Mask(_MASK_CODES[attn_mask_type], *(window_size or (-1, -1)))
     args = (mask, softmax_scale, use_power_2_scales, amax_epsilon, fp8_v_everywhere, q_fp8)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # in q's format
+    # the kernel's views (module doc): thd packs as they are, dense tensors as bshd
+    views = [x if qkv_format == "thd" else bshd_view(x, qkv_format) for x in (q, k, v, out)]
     if qkv_format == "thd" or "padding" in attn_mask_type:
         seqs = sequences(
             q, k, qkv_format, attn_mask_type, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
             cu_seqlens_kv_padded, max_seqlen_q,
         )  # fmt: skip
-        if not seqs.varlen:  # the kernel's views (module doc)
-            q, k, v, out_view = (bshd_view(x, qkv_format) for x in (q, k, v, out))
-            return out, _forward_sequences(q, k, v, out_view, seqs, *args)
-        return out, _forward_sequences(q, k, v, out, seqs, *args)
-    bshd = (bshd_view(x, qkv_format) for x in (q, k, v, out))  # the kernel's views (module doc)
-    return out, _forward_bshd(*bshd, *args)
+        return out, _forward_sequences(*views, seqs, *args)
+    return out, _forward_bshd(*views, *args)
 
 
 class _Mask(NamedTuple):
