@@ -45,6 +45,45 @@ namespace sm90 {
 // the stage is released, and used after), so that no read depends on another thread's arrive.
 CUTLASS_DEVICE void release(uint64_t *bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
 
+// Named barriers of the forward's consumer warpgroups (ids after CUTLASS's reserved ones;
+// cutlass::arch::NamedBarrier adds the offset).
+enum FwdNamedBarrier : uint32_t {
+  kBarExpTurn = 0,  // + warpgroup: the warpgroup may run its exponent loop (256 threads)
+};
+
+// The two consumer warpgroups take turns at their exponent loops (Note [Exponent turns]): each
+// waits for its turn before its loop of exp2 and passes it to the other after, so that the
+// MUFU units, which the loop keeps busy, serve one warpgroup at a time while the other runs the
+// rest of its visit (GEMM waits, scores, the O update). Warpgroup 0 has the first turn. Both
+// warpgroups run the same visits, one loop each; the last pass of warpgroup 1 is skipped, for
+// nobody waits for it. ptxas moves register arithmetic freely across a named barrier: the loop
+// is tied to the barriers through the thread's shared-memory slot (wait reloads the loop's bias
+// from it after the barrier, pass stores the loop's sums to it before the arrive).
+struct ExpTurn {
+  uint32_t warpgroup;  // 0 or 1
+  uint32_t slot;       // the thread's 8-byte shared-memory slot (shared address)
+  bool last = false;   // the visit is the query tile's last
+
+  CUTLASS_DEVICE void start() const {
+    if (warpgroup == 1) cutlass::arch::NamedBarrier::arrive(kMmaThreads, kBarExpTurn);
+  }
+  // bias: the loop's exponent bias of the thread's two rows, returned through the slot.
+  CUTLASS_DEVICE void wait(float (&bias)[2]) const {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(slot), "f"(bias[0]), "f"(bias[1])
+                 : "memory");
+    cutlass::arch::NamedBarrier::sync(kMmaThreads, kBarExpTurn + warpgroup);
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(bias[0]), "=f"(bias[1]) : "r"(slot)
+                 : "memory");
+  }
+  // done: a value computed from every exp2 of the loop (its sums).
+  CUTLASS_DEVICE void pass(float done) const {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(slot), "f"(done) : "memory");
+    if (!(last && warpgroup == 1)) {
+      cutlass::arch::NamedBarrier::arrive(kMmaThreads, kBarExpTurn + (warpgroup ^ 1));
+    }
+  }
+};
+
 // One consumer warpgroup's whole share of a query tile: its 64 rows. kFp8VEverywhere: the
 // LEAKY mode (boundary tiles keep their element-wise mask but use P in E4M3 and V8^T with its
 // chunk scale, which the hidden keys of the tile enter): a lower bound of the time for the
@@ -93,6 +132,8 @@ struct Consumer {
     OnlineSoftmax softmax;
     softmax.init();
     float u = 1.0f;  // the unit of tOrO: the V scale of the last FP8 tile (1: unquantized)
+    ExpTurn turn{static_cast<uint32_t>(mma_thread / 128),
+                 cute::cast_smem_ptr_to_uint(&ss.turn_slot[mma_thread])};
 
     // S(visit) ready in tSrS (the K stage is released: its K8 was read by the WGMMA, its
     // scales are in registers) -> scores -> online softmax -> P(visit) in tSrS. The tile kind
@@ -102,7 +143,8 @@ struct Consumer {
       constexpr bool kBoundary = decltype(boundary)::value;
       release(&ss.bar_k_empty[visit % kStages]);
       scales.apply<kBoundary>(tSrS, tScS, k_scales, range.tile(visit));
-      softmax.step(tSrS, scales.row_scale, alpha);
+      turn.last = visit + 1 == range.num_tiles();
+      softmax.step(tSrS, scales.row_scale, alpha, turn);
     };
     // The stage's K scales and V scale (1 for a boundary tile), read once its K has arrived.
     auto tile_scales = [&](int stage, bool boundary, ScoreScales::KeyScales &k_scales) {
@@ -169,6 +211,7 @@ struct Consumer {
       return;
     }
     Barrier::wait(&ss.bar_q, 0);
+    turn.start();
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
     const int num_boundary = range.num_boundary();

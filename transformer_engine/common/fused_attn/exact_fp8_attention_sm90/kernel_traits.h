@@ -119,6 +119,7 @@ struct KernelTraits : ElementTypes {
     alignas(8) uint64_t bar_k_empty[kStages];   // every consumer thread is done with the K8
     alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
     alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
+    alignas(8) float2 turn_slot[kMmaThreads];   // a consumer thread's slot (kernel.h ExpTurn)
   };
 
   // Byte offset in a SmemLayoutV16 tile (1024-byte aligned) of the 128-byte row that holds key

@@ -160,8 +160,10 @@ struct OnlineSoftmax {
   // The decision is the row's own (it depends on the row's visible scores only, so a hidden
   // token never moves a row from one formula to the other); the code path is the warp's: the
   // general form gives a row that is not huge the bits of the one-FFMA form (t - 0 = t).
-  template <class Frag>
-  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2]) {
+  // turn: the warpgroups' alternation of the exponent loops (ExpTurn, kernel.h); its wait()
+  // comes right before a loop of exp2 and its pass() after, on the loop's sums.
+  template <class Frag, class Turn>
+  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn) {
     static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
     // Four partial maxima per row: short dependency chains (max is exact in any order).
     float part[2][4];
@@ -196,23 +198,25 @@ struct OnlineSoftmax {
         m[h] = m_new;
       }
       float sum[2] = {0.0f, 0.0f};
+      turn.wait(bias);
 #pragma unroll
       for (int v = 0; v < 64; ++v) {
         const int h = (v >> 1) & 1;
         t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
         sum[h] += t(v);
       }
+      turn.pass(sum[0] + sum[1]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
     } else {
-      general_step(t, row_scale, own_max, alpha);
+      general_step(t, row_scale, own_max, alpha, turn);
     }
   }
 
   // step() for a warp with a row that is, was or may turn huge.
-  template <class Frag>
+  template <class Frag, class Turn>
   CUTLASS_DEVICE void general_step(Frag &t, float const (&row_scale)[2],
-                                   float const (&own_max)[2], float (&alpha)[2]) {
+                                   float const (&own_max)[2], float (&alpha)[2], Turn &turn) {
     float t_sub[2], bias[2];
     bool huge[2];
 #pragma unroll
@@ -234,12 +238,14 @@ struct OnlineSoftmax {
     }
     warp_huge = __any_sync(0xffffffff, huge[0] || huge[1]);
     float sum[2] = {0.0f, 0.0f};
+    turn.wait(bias);
 #pragma unroll
     for (int v = 0; v < 64; ++v) {
       const int h = (v >> 1) & 1;
       t(v) = fast_exp2(fmaf(t(v) - t_sub[h], row_scale[h], bias[h]));
       sum[h] += t(v);
     }
+    turn.pass(sum[0] + sum[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
   }
