@@ -17,7 +17,8 @@
  *       tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh
  *       accumulator
  *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
- *     warpgroup's softmax fills the tensor cores' gaps.
+ *     warpgroup's softmax fills the tensor cores' gaps. The two take turns at their loops of
+ *     exp2 (ExpTurn), which keep the MUFU units busy.
  * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
  * P.V accumulation] (exact_fp8/formats.py); docs/attention_kernel_sm90.md.
  */
@@ -51,10 +52,10 @@ enum FwdNamedBarrier : uint32_t {
   kBarExpTurn = 0,  // + warpgroup: the warpgroup may run its exponent loop (256 threads)
 };
 
-// The two consumer warpgroups take turns at their exponent loops (Note [Exponent turns]): each
-// waits for its turn before its loop of exp2 and passes it to the other after, so that the
-// MUFU units, which the loop keeps busy, serve one warpgroup at a time while the other runs the
-// rest of its visit (GEMM waits, scores, the O update). Warpgroup 0 has the first turn. Both
+// The two consumer warpgroups take turns at their exponent loops (docs/attention_kernel_sm90.md,
+// One CTA): each waits for its turn before its loop of exp2 and passes it to the other after,
+// so that the MUFU units, which the loop keeps busy, serve one warpgroup at a time while the
+// other runs the rest of its visit (GEMM waits, scores, the O update). Warpgroup 0 has the first turn. Both
 // warpgroups run the same visits, one loop each; the last pass of warpgroup 1 is skipped, for
 // nobody waits for it. ptxas moves register arithmetic freely across a named barrier: the loop
 // is tied to the barriers through the thread's shared-memory slot (wait reloads the loop's bias
