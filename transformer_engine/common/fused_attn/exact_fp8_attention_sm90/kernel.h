@@ -55,11 +55,12 @@ enum FwdNamedBarrier : uint32_t {
 // The two consumer warpgroups take turns at their exponent loops (docs/attention_kernel_sm90.md,
 // One CTA): each waits for its turn before its loop of exp2 and passes it to the other after,
 // so that the MUFU units, which the loop keeps busy, serve one warpgroup at a time while the
-// other runs the rest of its visit (GEMM waits, scores, the O update). Warpgroup 0 has the first turn. Both
-// warpgroups run the same visits, one loop each; the last pass of warpgroup 1 is skipped, for
-// nobody waits for it. ptxas moves register arithmetic freely across a named barrier: the loop
-// is tied to the barriers through the thread's shared-memory slot (wait reloads the loop's bias
-// from it after the barrier, pass stores the loop's sums to it before the arrive).
+// other runs the rest of its visit (GEMM waits, scores, the O update). Warpgroup 0 has the
+// first turn. Both warpgroups run the same visits, one loop each; the last pass of warpgroup 1
+// is skipped, for nobody waits for it. ptxas moves register arithmetic freely across a named
+// barrier: the loop is tied to the barriers through the thread's shared-memory slot (wait
+// reloads the loop's bias from it after the barrier, pass stores the loop's sums to it before
+// the arrive).
 struct ExpTurn {
   uint32_t warpgroup;  // 0 or 1
   uint32_t slot;       // the thread's 8-byte shared-memory slot (shared address)
