@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench_k_scale_rules import HEADS, family_inputs, query_rows  # noqa: E402
+from bench_k_scale_rules import HEAD_DIM, HEADS, family_inputs, query_rows  # noqa: E402
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
     KV_TILE,
@@ -66,7 +66,7 @@ def inputs(family: str, s: int, seed: int):
     shifted by a common offset)."""
     if family in V_OFFSETS:
         gen = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(s, HEADS, 128, generator=gen) for _ in range(3))
+        q, k, v = (torch.randn(s, HEADS, HEAD_DIM, generator=gen) for _ in range(3))
         return [x.bfloat16() for x in (q, k, v + V_OFFSETS[family])]
     return family_inputs(family, s, seed)
 
@@ -99,8 +99,7 @@ def causal_rows_both_rules(q, k, v, rows):
         }
         for rule in RULES:
             outs[rule].append(num / sums[rule])
-    stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
-    return {rule: stack(o) for rule, o in outs.items()}, stack(truth)
+    return {rule: torch.stack(o, dim=1) for rule, o in outs.items()}, torch.stack(truth, dim=1)
 
 
 def study(seqlens):
