@@ -91,9 +91,14 @@ def _inputs(b: int, s: int, h: int, d: int, seed: int = 0):
     ]
 
 
-def _forward(te, path: str, q, k, v) -> Callable:
+def _causal_dpa(te, q, train: bool):
+    """TE's DotProductAttention for q's heads and head dim: bshd, causal, on the GPU."""
     dpa = te.DotProductAttention(q.shape[2], q.shape[3], qkv_format="bshd", attn_mask_type="causal")
-    dpa = dpa.cuda().eval()
+    return dpa.cuda().train(train)
+
+
+def _forward(te, path: str, q, k, v) -> Callable:
+    dpa = _causal_dpa(te, q, train=False)
 
     def fn():
         with recipe_context(path) as recipe, torch.no_grad():
@@ -104,8 +109,7 @@ def _forward(te, path: str, q, k, v) -> Callable:
 
 
 def _forward_backward(te, path: str, q, k, v, dout) -> Callable:
-    dpa = te.DotProductAttention(q.shape[2], q.shape[3], qkv_format="bshd", attn_mask_type="causal")
-    dpa = dpa.cuda().train()
+    dpa = _causal_dpa(te, q, train=True)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     grad = dout.flatten(2)  # TE returns [b, s, h * d]
 
@@ -121,8 +125,7 @@ def _forward_backward(te, path: str, q, k, v, dout) -> Callable:
 
 def _backward(te, path: str, q, k, v, dout) -> Callable:
     """The backward alone: one forward under autocast, its graph kept for every call."""
-    dpa = te.DotProductAttention(q.shape[2], q.shape[3], qkv_format="bshd", attn_mask_type="causal")
-    dpa = dpa.cuda().train()
+    dpa = _causal_dpa(te, q, train=True)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     with recipe_context(path) as recipe:
         with te.autocast(enabled=recipe is not None, recipe=recipe):
