@@ -150,25 +150,48 @@ def study(seqlens):
     return results
 
 
-def markdown(results) -> str:
+def rule_rows(results, base_rule: str) -> list:
+    """The table of a rules study (results: {"family s": {rule: error_metrics}}): one row per
+    (family, s, rule), with the rule's relative error over `base_rule`'s."""
     lines = [
         "| family | s | rule | RMSE | rel. Frobenius error | cosine | vs v2 |",
         "|---|---|---|---|---|---|---|",
     ]
-    worst = {rule: 0.0 for rule in RULES}
-    above_upstream = []
     for key, r in results.items():
         family, s = key.rsplit(" ", 1)
         for rule, m in r.items():
-            ratio = m["rel_err"] / r["v2"]["rel_err"]
-            worst[rule] = max(worst[rule], ratio)
             lines.append(
                 f"| {family} | {s} | {rule} | {m['rmse']:.3e} | {m['rel_err']:.3e} |"
-                f" {m['cosine']:.6f} | {ratio:.3f} |"
+                f" {m['cosine']:.6f} | {m['rel_err'] / r[base_rule]['rel_err']:.3f} |"
             )
-        if r["v3"]["rel_err"] >= r["upstream"]["rel_err"]:
-            above_upstream.append(key)
-    lines += [
+    return lines
+
+
+def study_main(doc: str, name: str, default_seqlens: str, study, markdown) -> int:
+    """A rules study's command line: --out DIR [--seqlens 1024,...]; writes DIR/`name`.md (the
+    table, also printed) and DIR/`name`.json (the results)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seqlens", default=default_seqlens, help="comma-separated lengths")
+    args = parser.parse_args()
+    results = study([int(x) for x in args.seqlens.split(",")])
+    table = markdown(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text(table)
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    print(table, end="")
+    return 0
+
+
+def markdown(results) -> str:
+    worst = {
+        rule: max(r[rule]["rel_err"] / r["v2"]["rel_err"] for r in results.values())
+        for rule in RULES
+    }
+    above_upstream = [
+        key for key, r in results.items() if r["v3"]["rel_err"] >= r["upstream"]["rel_err"]
+    ]
+    lines = rule_rows(results, "v2") + [
         "",
         f"Largest error ratio to v2 over all families and lengths: v3 {worst['v3']:.3f},"
         f" v3 all {worst['v3 all']:.3f}, upstream {worst['upstream']:.3f}.",
@@ -179,18 +202,7 @@ def markdown(results) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seqlens", default="1024,4096,16384", help="comma-separated lengths")
-    args = parser.parse_args()
-    seqlens = [int(x) for x in args.seqlens.split(",")]
-    results = study(seqlens)
-    table = markdown(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "k_scale_rules.md").write_text(table)
-    (args.out / "k_scale_rules.json").write_text(json.dumps(results, indent=2))
-    print(table, end="")
-    return 0
+    return study_main(__doc__, "k_scale_rules", "1024,4096,16384", study, markdown)
 
 
 if __name__ == "__main__":

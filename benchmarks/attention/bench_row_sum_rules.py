@@ -20,8 +20,6 @@ the kernels' online one (the rules' numerics, not an accumulation order). Column
 Frobenius error, cosine. Writes DIR/row_sum_rules.md and .json.
 """
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +28,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench_k_scale_rules import HEAD_DIM, HEADS, family_inputs, query_rows  # noqa: E402
+from bench_k_scale_rules import (  # noqa: E402
+    HEAD_DIM,
+    HEADS,
+    family_inputs,
+    query_rows,
+    rule_rows,
+    study_main,
+)
 
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
     KV_TILE,
@@ -114,21 +119,8 @@ def study(seqlens):
 
 
 def markdown(results) -> str:
-    lines = [
-        "| family | s | rule | RMSE | rel. Frobenius error | cosine | vs v2 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    ratios = []
-    for key, r in results.items():
-        family, s = key.rsplit(" ", 1)
-        for rule, m in r.items():
-            ratio = m["rel_err"] / r[RULES[0]]["rel_err"]
-            lines.append(
-                f"| {family} | {s} | {rule} | {m['rmse']:.3e} | {m['rel_err']:.3e} |"
-                f" {m['cosine']:.6f} | {ratio:.3f} |"
-            )
-        ratios.append(r[RULES[1]]["rel_err"] / r[RULES[0]]["rel_err"])
-    lines += [
+    ratios = [r[RULES[1]]["rel_err"] / r[RULES[0]]["rel_err"] for r in results.values()]
+    lines = rule_rows(results, RULES[0]) + [
         "",
         f"Error of the consistent sum over v2's: {min(ratios):.3f} .. {max(ratios):.3f}.",
     ]
@@ -136,17 +128,7 @@ def markdown(results) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seqlens", default="1024,4096", help="comma-separated lengths")
-    args = parser.parse_args()
-    results = study([int(x) for x in args.seqlens.split(",")])
-    table = markdown(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "row_sum_rules.md").write_text(table)
-    (args.out / "row_sum_rules.json").write_text(json.dumps(results, indent=2))
-    print(table, end="")
-    return 0
+    return study_main(__doc__, "row_sum_rules", "1024,4096", study, markdown)
 
 
 if __name__ == "__main__":
