@@ -222,6 +222,29 @@ def test_calls_are_deterministic():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_forwards_on_two_streams_equal_the_same_calls_in_turn():
+    """Forwards running at the same time on two streams give the bits of the same calls made one
+    after the other, and so do the launches after them (a kernel that keeps launch state in
+    device memory, such as a persistent grid's tile counter, must keep concurrent launches
+    apart and leave it clean)."""
+    inputs = [_inputs(seed, 1, 2048, 2048, 8, 8) for seed in (40, 41)]
+    want = [_cuda(*x, "causal") for x in inputs]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    for _ in range(3):
+        got = []
+        for stream, x in zip(streams, inputs):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                got.append(_cuda(*x, "causal"))
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+        for (out, lse), (want_out, want_lse) in zip(got, want):
+            assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    again = [_cuda(*x, "causal") for x in inputs]
+    for (out, lse), (want_out, want_lse) in zip(again, want):
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 # -------------------------------------------------------------------- accuracy
 
 
