@@ -50,7 +50,7 @@ struct TileCoord {
   int head;
   int q_tile;  // -1: past the sequence's allocation (nothing to write)
 
-  CUTLASS_DEVICE static TileCoord decode(AttentionParams const &p, int item, Sequence &seq) {
+  CUTLASS_HOST_DEVICE static TileCoord decode(AttentionParams const &p, int item, Sequence &seq) {
     const int bh = p.batch * p.heads;
     TileCoord c;
     const int x = item % bh, y = item / bh;
@@ -64,13 +64,19 @@ struct TileCoord {
   }
 };
 
+// Whether draw `draw` (the counter's value it took) is the launch's last: each CTA draws until
+// it gets a number >= total, so a launch of `ctas` CTAs draws total + ctas numbers.
+CUTLASS_HOST_DEVICE bool is_last_draw(int draw, int total, int ctas) {
+  return draw == total + ctas - 1;
+}
+
 // The next item of the launch for this CTA (>= total: none left); resets the counter after the
 // launch's last draw.
 CUTLASS_DEVICE int draw_item(int slot, int total) {
   const int item = atomicAdd(&tile_counters[slot], 1);
   uint32_t ctas;  // gridDim.x, read where used (volatile: not held in a register across the walk)
   asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
-  if (item == total + static_cast<int>(ctas) - 1) atomicExch(&tile_counters[slot], 0);
+  if (is_last_draw(item, total, static_cast<int>(ctas))) atomicExch(&tile_counters[slot], 0);
   return item;
 }
 
