@@ -18,9 +18,9 @@
 //     (sequence, head)s before the next round.
 // Prints "ok" and exits 0, or prints the first mismatches and exits 1. Run by
 // tests/build/test_build_sm90_attention.py.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <algorithm>
 #include <set>
 #include <vector>
 
