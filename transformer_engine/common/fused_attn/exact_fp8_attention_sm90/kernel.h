@@ -9,8 +9,9 @@
  *   warpgroup 0, the producer: its first warp draws and publishes the items and issues their
  *     TMA loads and stages the K scales (mainloop.h, Producer) into a kStages ring that runs
  *     on across the CTA's query tiles, K and V with their own full / empty barriers, Q8 once
- *     the last tile's S products are done; its second warp zeroes the tail visits' V
- *     (zero_v_tail); setmaxnreg gives their registers to the consumers.
+ *     the last tile's S products are done; its second warp prefetches each tile's Q scales into L2
+ *     and zeroes the tail visits' V (zero_v_tail); setmaxnreg gives their registers to the
+ *     consumers.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Visit v of the KV tiles (boundary
  *     tiles first, mainloop.h KVTileRange) runs
  *       wait T(v-1) = P(v-1) . V(v-1) -> O = O * factor(v-1) + T(v-1) in fp32
@@ -235,6 +236,18 @@ struct Consumer {
   }
 };
 
+// The query tile's Q scales ([h, t_q] fp32: 128 rows, at most five 128-byte lines) into L2,
+// lanes 0-4 a line each: the consumers read them at the tile's start (ScoreScales), where, with
+// Q8 and the first K8 loaded ahead, a load from memory would be waited for. (The tail warp
+// issues them: the producer's 40 registers leave no room.)
+CUTLASS_DEVICE void prefetch_q_scales(AttentionParams const &p, Sequence const &seq,
+                                      TileCoord const &c, int lane) {
+  const int row = min(c.q_tile * kQTile + 32 * lane, c.q_tile * kQTile + kQTile - 1);
+  if (lane > kQTile / 32 || row >= seq.len_q) return;  // only real rows' scales are read
+  const float *at = p.q_scale + static_cast<int64_t>(c.head) * p.tokens_q + seq.tok_q + row;
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
 // The producer warp's walk: draws the items (tile_scheduler.h), publishes them (and -1 at the
 // end) and issues the loads of each.
 template <class Traits, bool kFp8VEverywhere>
@@ -265,18 +278,21 @@ CUTLASS_DEVICE void produce(KernelParams<Traits> const &kp, typename Traits::Sha
   }
 }
 
-// The tail warp's walk: zeroes the V of each item's tail visit past len_kv (zero_v_tail).
+// The tail warp's walk: prefetches each item's Q scales (prefetch_q_scales) as soon as it is
+// published, and zeroes the V of its tail visit past len_kv (zero_v_tail).
 template <class Traits, bool kFp8VEverywhere>
 CUTLASS_DEVICE void zero_tails(AttentionParams const &p, typename Traits::SharedStorage &ss,
                                TileRing ring) {
+  const int lane = threadIdx.x & 31;
   uint32_t parity = 0;  // bit s: the parity of stage s's next wait on its bar_v_tail
   for (int n = 0;; ++n) {
     const TileEntry e = ring.take(n);
     if (e.item < 0) return;
-    if (kFp8VEverywhere) continue;  // no tail visits (dense samples, V8^T only)
     Sequence seq;
     const TileCoord c = TileCoord::decode(p, e.item, seq);
     if (c.q_tile < 0) continue;
+    prefetch_q_scales(p, seq, c, lane);
+    if (kFp8VEverywhere) continue;  // no tail visits (dense samples, V8^T only)
     const int tail = tail_visit(p, seq, kv_tile_range(p, seq, c.q_tile));
     if (tail >= 0) {
       const int stage = (e.first + tail) % kStages;
