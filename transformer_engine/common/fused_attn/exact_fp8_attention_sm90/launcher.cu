@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "dynamic_smem.h"
@@ -146,6 +147,18 @@ cudaError_t sm_count(int *sms) {
   return err;
 }
 
+/* The persistent grid's CTAs: one per SM, at most `items`, and at most
+ * NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS when that is set to a positive number (for tests and the
+ * memory checker: few CTAs make every CTA walk many query tiles). */
+int64_t persistent_ctas(int64_t items, int sms) {
+  int64_t ctas = items < sms ? items : sms;
+  if (const char *cap = std::getenv("NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS")) {
+    const long value = std::strtol(cap, nullptr, 10);
+    if (value > 0 && value < ctas) ctas = value;
+  }
+  return ctas;
+}
+
 /* The tile counter of the next launch: the slots in turn, so that launches running at the same
  * time on different streams draw from different counters (tile_scheduler.h). */
 int32_t next_counter_slot() {
@@ -261,14 +274,14 @@ NVTEExactFP8Status launch_head_dim(const NVTEExactFP8AttentionSm90Args &a, cudaS
                     : fp16 ? allow_dynamic_smem<SmemSlot::kForwardFp16>(kernel, smem)
                            : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
-  // A persistent grid: one CTA per SM, or per item if fewer (tile_scheduler.h).
+  // A persistent grid (tile_scheduler.h).
   int sms = 0;
   err = sm_count(&sms);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const int64_t items = int64_t(b) * h * p.num_q_tiles;
   kp.total_items = static_cast<int32_t>(items);
   kp.counter_slot = next_counter_slot();
-  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
+  const dim3 grid(static_cast<unsigned>(persistent_ctas(items, sms)));
   kernel<<<grid, kThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
