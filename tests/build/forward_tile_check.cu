@@ -10,12 +10,19 @@
 //   * v16_row_bytes (kernel_traits.h), d = 64 and 128: every element of a (key, 64-d half) of
 //     SmemLayoutV16, addressed through cute's swizzled smem pointer as the TMA and WGMMA
 //     partitions address it, lies in the 128-byte row that zero_v_tail zeroes, and the rows of
-//     different pairs differ.
+//     different pairs differ;
+//   * TileCoord::decode (tile_scheduler.h), the persistent grid's work items: every query tile
+//     of every (sequence, head) that has rows to write is one item, the others (past a thd
+//     sequence's allocation) decode to q_tile -1; under a causal mask each (sequence, head)'s
+//     tiles come longest first, and the items of one round of tiles run over all
+//     (sequence, head)s before the next round.
 // Prints "ok" and exits 0, or prints the first mismatches and exits 1. Run by
 // tests/build/test_build_sm90_attention.py.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <set>
+#include <vector>
 
 #include "transformer_engine/common/fused_attn/exact_fp8_attention_sm90/mainloop.h"
 
@@ -176,6 +183,104 @@ void check_v16_rows() {
   }
 }
 
+// The work items of a launch over sequences of real lengths lens (thd when `thd`: packed with
+// allocations of lens[n] + pads[n] rows, the grid covering the longest real one; else dense
+// samples of seqlen rows), heads heads, mask `causal` (the C API's).
+void check_items(std::vector<int> const &lens, std::vector<int> const &pads, int seqlen,
+                 bool thd, int heads, int causal) {
+  AttentionParams p = params(causal, -1, -1, thd);
+  const int b = static_cast<int>(lens.size());
+  std::vector<int32_t> cu(b + 1, 0), starts(b + 1, 0);
+  int longest = 0;
+  for (int n = 0; n < b; ++n) {
+    cu[n + 1] = cu[n] + lens[n];
+    starts[n + 1] = starts[n] + lens[n] + (thd ? pads[n] : 0);
+    longest = lens[n] > longest ? lens[n] : longest;
+  }
+  p.batch = b;
+  p.heads = heads;
+  p.heads_kv = 1;
+  p.cu_q = p.cu_kv = cu.data();
+  if (thd) p.start_q = p.start_kv = starts.data();
+  p.seqlen_q = thd ? longest : seqlen;
+  p.seqlen_kv = thd ? 0 : seqlen;
+  p.num_q_tiles = (p.seqlen_q + kQTile - 1) / kQTile;
+  const int total = b * heads * p.num_q_tiles;
+  std::set<std::vector<int>> seen;
+  std::vector<int> last_tile(b * heads, 1 << 30);  // per (sequence, head): the last q_tile
+  int written = 0;
+  for (int item = 0; item < total; ++item) {
+    Sequence s;
+    const TileCoord c = TileCoord::decode(p, item, s);
+    const int x = c.batch * heads + c.head;
+    if (c.batch < 0 || c.batch >= b || c.head < 0 || c.head >= heads || x != item % (b * heads)) {
+      if (bad++ < 10) std::printf("items: item %d decodes to (%d, %d)\n", item, c.batch, c.head);
+      continue;
+    }
+    if (c.q_tile < 0) continue;
+    ++written;
+    if (c.q_tile * kQTile >= s.span_q || !seen.insert({c.batch, c.head, c.q_tile}).second) {
+      if (bad++ < 10) {
+        std::printf("items: item %d: tile %d of (%d, %d) past the span or twice\n", item,
+                    c.q_tile, c.batch, c.head);
+      }
+    }
+    // causal: the real tiles of a (sequence, head) longest (last) first, then the rest
+    const int real_tiles = (s.len_q + kQTile - 1) / kQTile;
+    if (causal != 0 && c.q_tile < real_tiles && c.q_tile > last_tile[x] && bad++ < 10) {
+      std::printf("items: causal tile %d of (%d, %d) after tile %d\n", c.q_tile, c.batch,
+                  c.head, last_tile[x]);
+    }
+    if (c.q_tile < real_tiles) last_tile[x] = c.q_tile;
+  }
+  int want = 0;  // the query tiles with rows to write: those within each allocation
+  for (int n = 0; n < b; ++n) {
+    const int span = thd ? lens[n] + pads[n] : seqlen;
+    want += heads * std::min((span + kQTile - 1) / kQTile, p.num_q_tiles);
+  }
+  if (written != want && bad++ < 10) {
+    std::printf("items: %d query tiles with rows, want %d\n", written, want);
+  }
+}
+
+// The tile counter's protocol (draw_item, with its is_last_draw), replayed with `ctas` CTAs
+// drawing in a random interleaving until each draws past the items: every item is drawn once,
+// and exactly one draw, the launch's last, resets the counter.
+void check_counter_protocol(int total, int ctas, unsigned seed) {
+  int counter = 0, resets = 0, drawn = 0;
+  std::vector<bool> done(ctas, false);
+  std::vector<int> got(total, 0);
+  int running = ctas;
+  while (running > 0) {
+    seed = seed * 1103515245u + 12345u;
+    const int cta = static_cast<int>((seed >> 16) % ctas);
+    if (done[cta]) continue;
+    if (drawn == total + ctas) {  // a launch draws no more than this
+      if (bad++ < 10) std::printf("counter: %d items, %d CTAs: more draws\n", total, ctas);
+      return;
+    }
+    const int item = counter++;
+    ++drawn;
+    if (is_last_draw(item, total, ctas)) {
+      if (drawn != total + ctas && bad++ < 10) std::printf("counter: reset before the end\n");
+      counter = 0;
+      ++resets;
+    }
+    if (item < total) {
+      ++got[item];
+    } else {
+      done[cta] = true;
+      --running;
+    }
+  }
+  bool once = true;
+  for (int g : got) once = once && g == 1;
+  if ((!once || resets != 1 || counter != 0) && bad++ < 10) {
+    std::printf("counter: %d items, %d CTAs: once %d, resets %d, counter %d\n", total, ctas,
+                once, resets, counter);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -196,6 +301,17 @@ int main() {
   }
   check_v16_rows<64>();
   check_v16_rows<128>();
+  for (int causal = 0; causal < 3; ++causal) {
+    for (int heads : {1, 3, 16}) {
+      check_items({300, 300}, {0, 0}, 300, false, heads, causal);
+      check_items({1, 1000, 129, 384}, {0, 0, 0, 0}, 1000, false, heads, causal);
+      check_items({1, 1000, 129, 384}, {0, 200, 127, 1}, 0, true, heads, causal);
+      check_items({77, 5}, {300, 0}, 0, true, heads, causal);
+    }
+  }
+  for (int total : {1, 7, 132, 1000}) {
+    for (int ctas : {1, 5, 132}) check_counter_protocol(total, ctas < total ? ctas : total, 7u);
+  }
   if (bad == 0) std::printf("ok\n");
   return bad == 0 ? 0 : 1;
 }

@@ -245,6 +245,25 @@ def test_forwards_on_two_streams_equal_the_same_calls_in_turn():
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("ctas", [1, 3])
+def test_few_ctas_walking_many_tiles_give_the_same_bits(monkeypatch, ctas):
+    """The persistent grid capped at `ctas` CTAs (NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS), so that each
+    walks many query tiles through one KV ring (boundary and FP8 tiles, a window's, the tail
+    visits of padded and thd sequences, GQA, d = 64 and 128): the bits of the full grid."""
+    cases = [
+        _dense_case(50, 700, 650, None, None, "causal"),
+        _dense_case(51, 520, 520, [520, 200], [520, 77], "padding_causal"),
+        _dense_case(52, 640, 640, None, None, "causal", window=(200, 0)),
+        _thd_case(53, [300, 129, 1, 640], [300, 200, 1, 640], "padding_causal", pads=[5, 0, 3, 1]),
+    ]
+    d64 = _inputs(54, 1, 300, 300, 2, 1, d=64)
+    want = [_forward(case, "cuda") for case in cases] + [_cuda(*d64, "no_mask")]
+    monkeypatch.setenv("NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS", str(ctas))
+    got = [_forward(case, "cuda") for case in cases] + [_cuda(*d64, "no_mask")]
+    for (out, lse), (want_out, want_lse) in zip(got, want):
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 # -------------------------------------------------------------------- accuracy
 
 

@@ -2,11 +2,16 @@
  * The sm90 mask-exact FP8 attention forward kernel: warp-specialized, two consumer warpgroups
  * whose softmax runs while the other's WGMMAs have the tensor cores.
  *
- * Grid: (sequences * h, query tiles of the longest sequence), causal tiles longest first across
- * all heads. Block: three warpgroups (384 threads).
- *   warpgroup 0, the producer: its first warp issues the TMA loads and stages the K scales
- *     (mainloop.h, Producer) into a kStages ring, K and V with their own full / empty
- *     barriers; setmaxnreg gives its registers to the consumers.
+ * Grid: persistent, one CTA per SM (or per item, if fewer), each walking the work items of
+ * tile_scheduler.h: query tiles of (sequence, head)s, causal tiles longest first across all
+ * heads, drawn from a global counter as a CTA gets ready for the next. Block: three warpgroups
+ * (384 threads).
+ *   warpgroup 0, the producer: its first warp draws and publishes the items and issues their
+ *     TMA loads and stages the K scales (mainloop.h, Producer) into a kStages ring that runs
+ *     on across the CTA's query tiles, K and V with their own full / empty barriers, Q8 once
+ *     the last tile's S products are done; its second warp prefetches each tile's Q scales into L2
+ *     and zeroes the tail visits' V (zero_v_tail); setmaxnreg gives their registers to the
+ *     consumers.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Visit v of the KV tiles (boundary
  *     tiles first, mainloop.h KVTileRange) runs
  *       wait T(v-1) = P(v-1) . V(v-1) -> O = O * factor(v-1) + T(v-1) in fp32
@@ -36,6 +41,7 @@
 #include "mainloop.h"
 #include "params.h"
 #include "softmax.h"
+#include "tile_scheduler.h"
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -100,7 +106,9 @@ struct Consumer {
   int mma_thread;  // 0..255: the thread's index in the tiled MMAs
   int head, q_tile;
 
-  CUTLASS_DEVICE void run(KVTileRange const &range) {
+  // first: the CTA's visits before this query tile's (its visit i uses the ring's stage
+  // (first + i) % kStages); q_parity: the parity of this query tile's Q8 on bar_q.
+  CUTLASS_DEVICE void run(KVTileRange const &range, int first, uint32_t q_parity) {
     typename Traits::MmaQK mma_qk;
     typename Traits::MmaPV8 mma_pv8;
     typename Traits::template MmaPV16<Element> mma_pv16;
@@ -143,7 +151,9 @@ struct Consumer {
     auto softmax_step = [&](int visit, auto boundary, ScoreScales::KeyScales const &k_scales,
                             float (&alpha)[2]) {
       constexpr bool kBoundary = decltype(boundary)::value;
-      release(&ss.bar_k_empty[visit % kStages]);
+      release(&ss.bar_k_empty[(first + visit) % kStages]);
+      // the last S product has read Q8: the producer may load the next query tile's
+      if (visit + 1 == range.num_tiles()) release(&ss.bar_q_empty);
       scales.apply<kBoundary>(tSrS, tScS, k_scales, range.tile(visit));
       turn.last = visit + 1 == range.num_tiles();
       softmax.step(tSrS, scales.row_scale, alpha, turn);
@@ -165,8 +175,8 @@ struct Consumer {
     // P(visit) into the A operand, then T = P(visit) . V(visit) issued into tOrT, free now (an
     // E4M3 P and V8^T for an FP8 tile, P and V in the input dtype for a boundary tile).
     auto issue_pv = [&](int visit, auto boundary) {
-      const int stage = visit % kStages;
-      Barrier::wait(&ss.bar_v_full[stage], (visit / kStages) & 1);
+      const int stage = (first + visit) % kStages;
+      Barrier::wait(&ss.bar_v_full[stage], ((first + visit) / kStages) & 1);
       if constexpr (decltype(boundary)::value && !kFp8VEverywhere) {
         p_to_16bit_operand(tSrS, tOrP16);
         issue_pv_gemm<typename Traits::template MmaPV16<Element>,
@@ -184,7 +194,7 @@ struct Consumer {
     auto add_pv = [&](int visit) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrT);
-      release(&ss.bar_v_empty[visit % kStages]);
+      release(&ss.bar_v_empty[(first + visit) % kStages]);
 #pragma unroll
       for (int v = 0; v < size(tOrO); ++v) {
         tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tOrT(v));
@@ -192,8 +202,8 @@ struct Consumer {
     };
     // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
     auto visit_step = [&](int visit, auto boundary) {
-      const int stage = visit % kStages;
-      Barrier::wait(&ss.bar_k_full[stage], (visit / kStages) & 1);
+      const int stage = (first + visit) % kStages;
+      Barrier::wait(&ss.bar_k_full[stage], ((first + visit) / kStages) & 1);
       ScoreScales::KeyScales k_scales;  // read now: their latency hides behind P.V(v-1)
       const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
       if (visit > 0) add_pv(visit - 1);
@@ -212,7 +222,7 @@ struct Consumer {
       store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
       return;
     }
-    Barrier::wait(&ss.bar_q, 0);
+    Barrier::wait(&ss.bar_q, q_parity);
     turn.start();
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
@@ -226,8 +236,91 @@ struct Consumer {
   }
 };
 
+// The query tile's Q scales ([h, t_q] fp32: 128 rows, at most five 128-byte lines) into L2,
+// lanes 0-4 a line each: the consumers read them at the tile's start (ScoreScales), where, with
+// Q8 and the first K8 loaded ahead, a load from memory would be waited for. (The tail warp
+// issues them: the producer's 40 registers leave no room.)
+CUTLASS_DEVICE void prefetch_q_scales(AttentionParams const &p, Sequence const &seq,
+                                      TileCoord const &c, int lane) {
+  const int row = min(c.q_tile * kQTile + 32 * lane, c.q_tile * kQTile + kQTile - 1);
+  if (lane > kQTile / 32 || row >= seq.len_q) return;  // only real rows' scales are read
+  const float *at = p.q_scale + static_cast<int64_t>(c.head) * p.tokens_q + seq.tok_q + row;
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
+// The producer warp's walk: draws the items (tile_scheduler.h), publishes them (and -1 at the
+// end) and issues the loads of each.
+template <class Traits, bool kFp8VEverywhere>
+CUTLASS_DEVICE void produce(KernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
+                            TileRing ring) {
+  AttentionParams const &p = kp.p;
+  const int lane = threadIdx.x & 31;
+  TileEntry e{0, 0, 0u, 0};  // first: the CTA's visits so far; q_parity: its Q8 loads' parity
+  for (;;) {
+    int item = lane == 0 ? draw_item(kp.counter_slot, kp.total_items) : 0;
+    item = __shfl_sync(0xffffffff, item, 0);
+    e.item = item < kp.total_items ? item : -1;
+    if (lane == 0) ring.publish(e);
+    if (e.item < 0) return;
+    Sequence seq;
+    const TileCoord c = TileCoord::decode(p, item, seq);
+    if (c.q_tile < 0) continue;
+    const KVTileRange range = kv_tile_range(p, seq, c.q_tile);
+    if (range.num_tiles() == 0) continue;  // the consumers write the rows' zeros without Q8
+    // The visit whose V the tail warp zeroes past len_kv (the leaky variant reads V8^T only and
+    // runs dense samples only)
+    const int tail = kFp8VEverywhere ? -1 : tail_visit(p, seq, range);
+    const int kv_head = c.head / (p.heads / p.heads_kv);
+    Producer<Traits> producer{kp, ss, seq, c.batch, kv_head, p.cu_vt[c.batch]};
+    producer.template run<kFp8VEverywhere>(c.head, c.q_tile, range, tail, e);
+    e.first += range.num_tiles();
+    e.q_parity ^= 1u;
+  }
+}
+
+// The tail warp's walk: prefetches each item's Q scales (prefetch_q_scales) as soon as it is
+// published, and zeroes the V of its tail visit past len_kv (zero_v_tail).
+template <class Traits, bool kFp8VEverywhere>
+CUTLASS_DEVICE void zero_tails(AttentionParams const &p, typename Traits::SharedStorage &ss,
+                               TileRing ring) {
+  const int lane = threadIdx.x & 31;
+  uint32_t parity = 0;  // bit s: the parity of stage s's next wait on its bar_v_tail
+  for (int n = 0;; ++n) {
+    const TileEntry e = ring.take(n);
+    if (e.item < 0) return;
+    Sequence seq;
+    const TileCoord c = TileCoord::decode(p, e.item, seq);
+    if (c.q_tile < 0) continue;
+    prefetch_q_scales(p, seq, c, lane);
+    if (kFp8VEverywhere) continue;  // no tail visits (dense samples, V8^T only)
+    const int tail = tail_visit(p, seq, kv_tile_range(p, seq, c.q_tile));
+    if (tail >= 0) {
+      const int stage = (e.first + tail) % kStages;
+      zero_v_tail<Traits>(ss, stage, (parity >> stage) & 1u, seq.len_kv % kKVTile);
+      parity ^= 1u << stage;
+    }
+  }
+}
+
+// The consumer warpgroups' walk: each item's query tile (Consumer::run) and its output.
+template <class Traits, bool kFp8VEverywhere, class Element>
+CUTLASS_DEVICE void consume(AttentionParams const &p, typename Traits::SharedStorage &ss,
+                            TileRing ring) {
+  for (int n = 0;; ++n) {
+    const TileEntry e = ring.take(n);
+    if (e.item < 0) return;
+    Sequence seq;
+    const TileCoord c = TileCoord::decode(p, e.item, seq);
+    if (c.q_tile < 0) continue;
+    Consumer<Traits, kFp8VEverywhere, Element> consumer{
+        p, seq, ss, static_cast<int>(thread_index_per_tile()) - 128, c.head, c.q_tile};
+    consumer.run(kv_tile_range(p, seq, c.q_tile), e.first, e.q_parity);
+  }
+}
+
 // Traits: KernelTraits<d>; Element: the dtype of V (boundary tiles) and O, bf16 or fp16
-// (ElementTypes::Bf16, ::Fp16).
+// (ElementTypes::Bf16, ::Fp16). A persistent grid: at most one CTA per SM, each walking items
+// of the tile scheduler until none is left.
 template <class Traits, bool kFp8VEverywhere, class Element>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(CUTE_GRID_CONSTANT KernelParams<Traits> const kp) {
@@ -237,34 +330,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   char *smem = smem_raw + (1024 - reinterpret_cast<uintptr_t>(smem_raw) % 1024) % 1024;
   auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
-  AttentionParams const &p = kp.p;
-
   const int warpgroup = threadIdx.x / 128;
-  const int batch = blockIdx.x / p.heads;  // the sequence
-  const int head = blockIdx.x % p.heads;
-  const int kv_head = head / (p.heads / p.heads_kv);
-  const Sequence seq = Sequence::load(p, batch);
-  // CTAs start in blockIdx order, x fastest: under a mask with a right bound (a causal one),
-  // where a query tile's work grows with its rows, every sequence's longest tile first.
-  const int real_tiles = (seq.len_q + kQTile - 1) / kQTile;
-  const int y = blockIdx.y;
-  const int q_tile = p.window_right != kUnbounded && y < real_tiles ? real_tiles - 1 - y : y;
-  if (q_tile * kQTile >= seq.span_q) return;  // past the sequence's allocation: nothing to write
-  const KVTileRange range = kv_tile_range(p, seq, q_tile);
-  // The visit whose V the second producer warp zeroes past len_kv (mainloop.h; the leaky
-  // variant reads V8^T only and runs dense samples only)
-  const int tail = kFp8VEverywhere ? -1 : tail_visit(p, seq, range);
+  TileRing ring{ss.tiles};
 
   if (threadIdx.x == 0) {
     Barrier::init(&ss.bar_q, 1);
-    Barrier::init(&ss.bar_v_tail, 1);
+    Barrier::init(&ss.bar_q_empty, kConsumerArrivals);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
       Barrier::init(&ss.bar_v_full[s], 1);
       Barrier::init(&ss.bar_k_empty[s], kConsumerArrivals);
       Barrier::init(&ss.bar_v_empty[s], kConsumerArrivals);
+      Barrier::init(&ss.bar_v_tail[s], 1);
     }
+    ring.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -272,16 +352,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x < 32) {
-      Producer<Traits> producer{kp, ss, seq, batch, kv_head, p.cu_vt[batch]};
-      producer.template run<kFp8VEverywhere>(head, q_tile, range, tail);
+      produce<Traits, kFp8VEverywhere>(kp, ss, ring);
     } else if (threadIdx.x < 64) {
-      zero_v_tail<Traits>(ss, tail, seq.len_kv % kKVTile);
+      zero_tails<Traits, kFp8VEverywhere>(kp.p, ss, ring);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    Consumer<Traits, kFp8VEverywhere, Element> consumer{
-        p, seq, ss, static_cast<int>(threadIdx.x) - 128, head, q_tile};
-    consumer.run(range);
+    consume<Traits, kFp8VEverywhere, Element>(kp.p, ss, ring);
   }
 #endif
 }

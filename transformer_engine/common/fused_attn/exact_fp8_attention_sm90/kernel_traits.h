@@ -1,11 +1,12 @@
 /*
  * Tile shapes, shared-memory layouts and tiled MMAs of the sm90 mask-exact FP8 attention forward.
  *
- * One CTA owns one 128-row query tile of one (sample, head): a producer warpgroup (its first
- * warp issues the TMA loads and stages the K scales; setmaxnreg gives its registers away) and two
- * consumer warpgroups, 64 rows each. KV tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT, the
- * format's constants: Note [Mask-exact FP8 scaling]) stream through a kStages ring, K and V with
- * their own barriers so that a tile's Q.K^T starts before its V has arrived.
+ * One CTA per SM walks the 128-row query tiles of the (sample, head)s one at a time
+ * (tile_scheduler.h): a producer warpgroup (its first warp issues the TMA loads and stages the K
+ * scales; setmaxnreg gives its registers away) and two consumer warpgroups, 64 rows each. KV
+ * tiles of 128 keys (= KV_TILE = V_CHUNK_CURRENT, the format's constants: Note [Mask-exact FP8
+ * scaling]) stream through a kStages ring, K and V with their own barriers so that a tile's
+ * Q.K^T starts before its V has arrived; the ring runs on from one query tile to the next.
  *
  * Shared memory (d = 128; d = 64 halves the tiles: Q8 and K8 rows of 64 bytes, SW64):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
@@ -14,7 +15,8 @@
  *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
  *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    96 KiB
  *   K scales [3 stages][128] fp32                                            1.5 KiB
- *   barriers: Q; per stage K full / empty and V full / empty; the tail V      ~0
+ *   barriers: Q full / empty; per stage K full / empty, V full / empty and the
+ *   tail V; the ring of work items                                          ~0
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_KERNEL_TRAITS_H_
@@ -53,6 +55,25 @@ static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
               "setmaxnreg: producer + consumer registers exceed the CTA's launch allocation");
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
+
+// A published work item of the persistent forward (tile_scheduler.h): the item, or -1 at the
+// end of the CTA's walk, and where the CTA's rings stand when its query tile starts.
+struct TileEntry {
+  int item;
+  int first;          // the CTA's KV visits before the tile's (its visit i uses stage first + i)
+  uint32_t q_parity;  // the parity of the tile's Q8 on bar_q (the CTA's Q8 loads before it)
+  int unused;
+};
+
+// The ring of published work items (tile_scheduler.h TileRing): entry n % 2 holds the CTA's
+// n-th item.
+struct TileRingStorage {
+  static constexpr int kReaders = kMmaThreads + 32;  // the consumers and the tail warp
+  alignas(16) TileEntry entry[2];
+  int published;                 // entries the producer has published (its thread's only)
+  alignas(8) uint64_t full[2];   // the producer wrote the entry
+  alignas(8) uint64_t empty[2];  // every reader took it
+};
 
 // The element types of the kernels.
 struct ElementTypes {
@@ -114,11 +135,13 @@ struct KernelTraits : ElementTypes {
     alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
     float v_scale[kStages];                            // per stage: the V chunk's scale (FP8 tile)
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
+    alignas(8) uint64_t bar_q_empty;            // every consumer thread is done with the Q8
     alignas(8) uint64_t bar_k_full[kStages];    // K8 of the stage arrived
     alignas(8) uint64_t bar_v_full[kStages];    // V8^T or V of the stage arrived
     alignas(8) uint64_t bar_k_empty[kStages];   // every consumer thread is done with the K8
     alignas(8) uint64_t bar_v_empty[kStages];   // every consumer thread is done with the V
-    alignas(8) uint64_t bar_v_tail;             // the tail visit's V arrived (mainloop.h)
+    alignas(8) uint64_t bar_v_tail[kStages];    // a tail visit's V arrived (mainloop.h)
+    TileRingStorage tiles;                      // the CTA's work items (tile_scheduler.h)
     alignas(8) float2 turn_slot[kMmaThreads];   // a consumer thread's slot (kernel.h ExpTurn)
   };
 

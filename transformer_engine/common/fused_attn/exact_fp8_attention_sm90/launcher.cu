@@ -4,7 +4,9 @@
  */
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "dynamic_smem.h"
@@ -86,9 +88,10 @@ std::string check(const NVTEExactFP8AttentionSm90Args &a) {
   }
   if (a.vt_width % 16 != 0 || a.vt_width < 16) return "vt_width must be a multiple of 16";
   const int64_t limit = INT32_MAX;
-  if (tokens_q(a) > limit || tokens_kv(a) > limit || a.heads * a.batch > limit ||
-      (a.seqlen_q + kQTile - 1) / kQTile > 65535) {
-    return "tokens, b * h or s_q out of range (t < 2^31, b * h < 2^31, s_q <= 65535 * 128)";
+  // the tile scheduler's counter draws items and one past them per CTA (< 2^31)
+  if (tokens_q(a) > limit || tokens_kv(a) > limit ||
+      a.heads * a.batch * ((a.seqlen_q + kQTile - 1) / kQTile) > limit / 2) {
+    return "tokens or b * h * ceil(s_q / 128) out of range (t < 2^31, b * h * tiles < 2^30)";
   }
   if (!a.q8 || !a.q_scale || !a.k8 || !a.k_scale || !a.v8t || !a.v_scale || !a.cu_chunks ||
       !a.cu_vt || !a.v || !a.out || !a.lse) {
@@ -129,6 +132,38 @@ std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int32_t
     return std::string(name) + "'s view does not match the attention's shape";
   }
   return "";
+}
+
+/* The current device's SMs, asked once per device. */
+cudaError_t sm_count(int *sms) {
+  static std::atomic<int> counts[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool cached = device < kMaxDevices;
+  if (cached && (*sms = counts[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && cached) counts[device].store(*sms, std::memory_order_relaxed);
+  return err;
+}
+
+/* The persistent grid's CTAs: one per SM, at most `items`, and at most
+ * NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS when that is set to a positive number (for tests and the
+ * memory checker: few CTAs make every CTA walk many query tiles). */
+int64_t persistent_ctas(int64_t items, int sms) {
+  int64_t ctas = items < sms ? items : sms;
+  if (const char *cap = std::getenv("NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS")) {
+    const long value = std::strtol(cap, nullptr, 10);
+    if (value > 0 && value < ctas) ctas = value;
+  }
+  return ctas;
+}
+
+/* The tile counter of the next launch: the slots in turn, so that launches running at the same
+ * time on different streams draw from different counters (tile_scheduler.h). */
+int32_t next_counter_slot() {
+  static std::atomic<uint32_t> next{0};
+  return static_cast<int32_t>(next.fetch_add(1, std::memory_order_relaxed) % kTileCounterSlots);
 }
 
 /* A failed cast's status, with the quantization API's message as this API's. */
@@ -239,7 +274,14 @@ NVTEExactFP8Status launch_head_dim(const NVTEExactFP8AttentionSm90Args &a, cudaS
                     : fp16 ? allow_dynamic_smem<SmemSlot::kForwardFp16>(kernel, smem)
                            : allow_dynamic_smem<SmemSlot::kForward>(kernel, smem);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
-  const dim3 grid(b * h, p.num_q_tiles);
+  // A persistent grid (tile_scheduler.h).
+  int sms = 0;
+  err = sm_count(&sms);
+  if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
+  const int64_t items = int64_t(b) * h * p.num_q_tiles;
+  kp.total_items = static_cast<int32_t>(items);
+  kp.counter_slot = next_counter_slot();
+  const dim3 grid(static_cast<unsigned>(persistent_ctas(items, sms)));
   kernel<<<grid, kThreads, smem, stream>>>(kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));

@@ -19,6 +19,7 @@
 
 #include "kernel_traits.h"
 #include "params.h"
+#include "tile_scheduler.h"
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -130,15 +131,17 @@ struct KernelParams {
   int32_t v_rows;              // V's rows per sample in the tensor map (thd: the pack's tokens)
   int32_t v_samples;           // its samples (thd: 1)
   int32_t vt_width;            // columns of V8^T
+  int32_t total_items;         // work items of the tile scheduler: b * h * num_q_tiles
+  int32_t counter_slot;        // its counter (tile_scheduler.h tile_counters)
 };
 
 // The producer: the first warp of the producer warpgroup. Its lane 0 issues every TMA load of
 // the CTA; its 32 lanes copy each K tile's 128 K scales (0 past len_kv) and the tile's V chunk
-// scale into shared memory and arrive on the tile's K barrier. Visit i of the KV tiles uses
-// stage i % kStages; the stage is refilled once all consumer threads released it (empty
-// barriers), K and V separately. The V tile of visit tail (tail_visit) lands on bar_v_tail
-// instead of the stage's bar_v_full: the second producer warp zeroes its keys past len_kv
-// (zero_v_tail) and then completes bar_v_full.
+// scale into shared memory and arrive on the tile's K barrier. The ring runs on across the
+// CTA's query tiles: the CTA's g-th visit uses stage g % kStages; the stage is refilled once all
+// consumer threads released it (empty barriers), K and V separately. The V tile of visit tail
+// (tail_visit) lands on the stage's bar_v_tail instead of its bar_v_full: the second producer
+// warp zeroes its keys past len_kv (zero_v_tail) and then completes bar_v_full.
 template <class Traits>
 struct Producer {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -151,16 +154,18 @@ struct Producer {
   int vt_col0;  // V8^T column of the sequence's first key (cu_vt[n])
 
   // kFp8VEverywhere: the LEAKY benchmark / negative-control mode (V8^T and its chunk scale for
-  // the boundary tiles too, see kernel.h); false: the mask-exact rules.
+  // the boundary tiles too, see kernel.h); false: the mask-exact rules. at: where the CTA's
+  // rings stand (the query tile's visit i uses stage (at.first + i) % kStages; a Q8 load after
+  // the CTA's first waits for the consumers to release the last); range has tiles.
   template <bool kFp8VEverywhere>
-  CUTLASS_DEVICE void run(int head, int q_tile, KVTileRange const &range, int tail) {
-    const int lane = threadIdx.x & 31;
+  CUTLASS_DEVICE void run(int head, int q_tile, KVTileRange const &range, int tail,
+                          TileEntry const &at) {
+    const int lane = thread_index_per_tile() & 31;
     const int num_tiles = range.num_tiles();
-    if (num_tiles == 0) return;  // the consumers write the rows' zeros without Q
+    const int first = at.first;
     // [len_kv] fp32: the K scales of the sequence and kv-head
     const float *k_scale =
         kp.p.k_scale + static_cast<int64_t>(kv_head) * kp.p.tokens_kv + seq.tok_kv;
-    if (lane == 0) load_q(head, q_tile);
     // [num_chunks of the sequence] fp32: the V scales of the sequence and kv-head
     const float *v_scale =
         kp.p.v_scale + static_cast<int64_t>(kv_head) * kp.p.num_chunks + kp.p.cu_chunks[batch];
@@ -169,10 +174,14 @@ struct Producer {
     float chunk_scale = v_scale[range.tile(0)];
     for (int visit = 0; visit < num_tiles; ++visit) {
       const int kt = range.tile(visit);
-      const int stage = visit % kStages;
-      const int round = visit / kStages;  // the stage's use count before this one
+      const int stage = (first + visit) % kStages;
+      const int round = (first + visit) / kStages;  // the stage's use count before this one
       if (round > 0) Barrier::wait(&ss.bar_k_empty[stage], (round - 1) & 1);
       if (lane == 0) load_k(stage, kt);
+      if (visit == 0 && lane == 0) {  // Q8 once the last query tile's S products are done
+        if (first > 0) Barrier::wait(&ss.bar_q_empty, at.q_parity ^ 1u);
+        load_q(head, q_tile);
+      }
       *reinterpret_cast<float4 *>(&ss.k_scale[stage][4 * lane]) = scales;
       const bool fp8_v = kFp8VEverywhere || range.is_fp8(kt);
       if (lane == 0) ss.v_scale[stage] = fp8_v ? chunk_scale : 1.0f;
@@ -182,7 +191,7 @@ struct Producer {
         chunk_scale = v_scale[range.tile(visit + 1)];  // read, used only for an FP8 tile
       }
       if (round > 0) Barrier::wait(&ss.bar_v_empty[stage], (round - 1) & 1);
-      uint64_t *v_bar = visit == tail ? &ss.bar_v_tail : &ss.bar_v_full[stage];
+      uint64_t *v_bar = visit == tail ? &ss.bar_v_tail[stage] : &ss.bar_v_full[stage];
       if (lane == 0) load_v(stage, kt, fp8_v, v_bar);
     }
   }
@@ -252,19 +261,19 @@ struct Producer {
   }
 };
 
-// The second warp of the producer warpgroup, for the tail visit (tail_visit; none: it does
-// nothing): once that V tile has landed (bar_v_tail), it zeroes the tile's keys from first_key
-// on and completes the stage's bar_v_full. SmemLayoutV16 holds each (key, 64-d half) in one
-// 128-byte row of an SW128 atom, whose swizzle permutes 16-byte chunks inside the row only
-// (tests/build checks this against cute), so the rows are zeroed whole, chunk order aside.
+// The second warp of the producer warpgroup, for a tail visit (tail_visit) in `stage`: once that
+// V tile has landed (the stage's bar_v_tail, whose parity the caller tracks), it zeroes the
+// tile's keys from first_key on and completes the stage's bar_v_full. SmemLayoutV16 holds each
+// (key, 64-d half) in one 128-byte row of an SW128 atom, whose swizzle permutes 16-byte chunks
+// inside the row only (tests/build checks this against cute), so the rows are zeroed whole,
+// chunk order aside.
 template <class Traits>
-CUTLASS_DEVICE void zero_v_tail(typename Traits::SharedStorage &ss, int tail, int first_key) {
+CUTLASS_DEVICE void zero_v_tail(typename Traits::SharedStorage &ss, int stage, uint32_t parity,
+                                int first_key) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kHalves = Traits::kHeadDim / 64;  // 128-byte rows of a key
-  if (tail < 0) return;
   const int lane = threadIdx.x & 31;
-  const int stage = tail % kStages;
-  Barrier::wait(&ss.bar_v_tail, 0);
+  Barrier::wait(&ss.bar_v_tail[stage], parity);
   uint8_t *v = ss.v[stage];
   const int chunks = (kKVTile - first_key) * kHalves * 8;  // 16-byte chunks: (key, half, chunk)
   for (int c = lane; c < chunks; c += 32) {
