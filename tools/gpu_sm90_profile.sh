@@ -11,7 +11,8 @@
 #    the SASS with its stall samples ($OUT/ncu_source.csv) and their summary
 #    (benchmarks/attention/ncu_summary.py: $OUT/ncu_summary.md);
 # 3. sanitize: compute-sanitizer memcheck, racecheck and synccheck over the small shapes of
-#    profile_sm90.py --small ($OUT/sanitizer_*.txt).
+#    profile_sm90.py --small ($OUT/sanitizer_*.txt), the forward's persistent grid capped at
+#    NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS (default 2) CTAs so that each walks many query tiles.
 # STEPS (default "build profile sanitize") selects steps. A short summary is printed last.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,7 +63,8 @@ if has_step sanitize; then
     note "sanitize: no compute-sanitizer on this machine"
   else
     for tool in memcheck racecheck synccheck; do
-      timeout 240 "$SANITIZER" --tool "$tool" --kernel-name kns=attention_fwd \
+      NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS=${NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS:-2} \
+        timeout 240 "$SANITIZER" --tool "$tool" --kernel-name kns=attention_fwd \
         python3 benchmarks/attention/profile_sm90.py --small > "$OUT/sanitizer_$tool.txt" 2>&1
       note "sanitize $tool: exit $?; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" \
         "$OUT/sanitizer_$tool.txt" | tail -n 2 | tr '\n' ' ')"
