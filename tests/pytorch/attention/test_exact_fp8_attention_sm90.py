@@ -222,6 +222,13 @@ def test_calls_are_deterministic():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def _assert_same_bits(got, want):
+    """Each (out, lse) of `got` equals the one of `want` bit for bit."""
+    assert len(got) == len(want)
+    for (out, lse), (want_out, want_lse) in zip(got, want):
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 def test_forwards_on_two_streams_equal_the_same_calls_in_turn():
     """Forwards running at the same time on two streams give the bits of the same calls made one
     after the other, and so do the launches after them (a kernel that keeps launch state in
@@ -238,11 +245,8 @@ def test_forwards_on_two_streams_equal_the_same_calls_in_turn():
                 got.append(_cuda(*x, "causal"))
         for stream in streams:
             torch.cuda.current_stream().wait_stream(stream)
-        for (out, lse), (want_out, want_lse) in zip(got, want):
-            assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
-    again = [_cuda(*x, "causal") for x in inputs]
-    for (out, lse), (want_out, want_lse) in zip(again, want):
-        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+        _assert_same_bits(got, want)
+    _assert_same_bits([_cuda(*x, "causal") for x in inputs], want)
 
 
 @pytest.mark.parametrize("ctas", [1, 3])
@@ -260,8 +264,7 @@ def test_few_ctas_walking_many_tiles_give_the_same_bits(monkeypatch, ctas):
     want = [_forward(case, "cuda") for case in cases] + [_cuda(*d64, "no_mask")]
     monkeypatch.setenv("NVTE_EXACT_FP8_SM90_FWD_MAX_CTAS", str(ctas))
     got = [_forward(case, "cuda") for case in cases] + [_cuda(*d64, "no_mask")]
-    for (out, lse), (want_out, want_lse) in zip(got, want):
-        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    _assert_same_bits(got, want)
 
 
 # -------------------------------------------------------------------- accuracy

@@ -285,37 +285,27 @@ CUTLASS_DEVICE void zero_tails(AttentionParams const &p, typename Traits::Shared
                                TileRing ring) {
   const int lane = threadIdx.x & 31;
   uint32_t parity = 0;  // bit s: the parity of stage s's next wait on its bar_v_tail
-  for (int n = 0;; ++n) {
-    const TileEntry e = ring.take(n);
-    if (e.item < 0) return;
-    Sequence seq;
-    const TileCoord c = TileCoord::decode(p, e.item, seq);
-    if (c.q_tile < 0) continue;
+  for_each_tile(ring, p, [&](TileEntry const &e, Sequence const &seq, TileCoord const &c) {
     prefetch_q_scales(p, seq, c, lane);
-    if (kFp8VEverywhere) continue;  // no tail visits (dense samples, V8^T only)
+    if (kFp8VEverywhere) return;  // no tail visits (dense samples, V8^T only)
     const int tail = tail_visit(p, seq, kv_tile_range(p, seq, c.q_tile));
     if (tail >= 0) {
       const int stage = (e.first + tail) % kStages;
       zero_v_tail<Traits>(ss, stage, (parity >> stage) & 1u, seq.len_kv % kKVTile);
       parity ^= 1u << stage;
     }
-  }
+  });
 }
 
 // The consumer warpgroups' walk: each item's query tile (Consumer::run) and its output.
 template <class Traits, bool kFp8VEverywhere, class Element>
 CUTLASS_DEVICE void consume(AttentionParams const &p, typename Traits::SharedStorage &ss,
                             TileRing ring) {
-  for (int n = 0;; ++n) {
-    const TileEntry e = ring.take(n);
-    if (e.item < 0) return;
-    Sequence seq;
-    const TileCoord c = TileCoord::decode(p, e.item, seq);
-    if (c.q_tile < 0) continue;
+  for_each_tile(ring, p, [&](TileEntry const &e, Sequence const &seq, TileCoord const &c) {
     Consumer<Traits, kFp8VEverywhere, Element> consumer{
         p, seq, ss, static_cast<int>(thread_index_per_tile()) - 128, c.head, c.q_tile};
     consumer.run(kv_tile_range(p, seq, c.q_tile), e.first, e.q_parity);
-  }
+  });
 }
 
 // Traits: KernelTraits<d>; Element: the dtype of V (boundary tiles) and O, bf16 or fp16

@@ -62,7 +62,7 @@ struct TileEntry {
   int item;
   int first;          // the CTA's KV visits before the tile's (its visit i uses stage first + i)
   uint32_t q_parity;  // the parity of the tile's Q8 on bar_q (the CTA's Q8 loads before it)
-  int unused;
+  int pad;  // pads the entry to 16 bytes (the ring holds alignas(16) entries)
 };
 
 // The ring of published work items (tile_scheduler.h TileRing): entry n % 2 holds the CTA's

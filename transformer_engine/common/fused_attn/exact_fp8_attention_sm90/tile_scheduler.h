@@ -112,6 +112,19 @@ struct TileRing {
   }
 };
 
+// A reader's walk (the consumers', the tail warp's): f(entry, sequence, coordinates) for each
+// published item with rows to write, in order, until the end of the CTA's walk.
+template <class F>
+CUTLASS_DEVICE void for_each_tile(TileRing ring, AttentionParams const &p, F &&f) {
+  for (int n = 0;; ++n) {
+    const TileEntry e = ring.take(n);
+    if (e.item < 0) return;
+    Sequence seq;
+    const TileCoord c = TileCoord::decode(p, e.item, seq);
+    if (c.q_tile >= 0) f(e, seq, c);
+  }
+}
+
 }  // namespace sm90
 }  // namespace exact_fp8
 }  // namespace transformer_engine
