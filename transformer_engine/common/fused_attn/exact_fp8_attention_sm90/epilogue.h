@@ -1,12 +1,9 @@
 /*
  * Epilogue of the sm90 mask-exact FP8 attention forward: O = (acc * (1 / l)) * u in the input
  * dtype (bf16 or fp16) and the LSE, as the Triton kernel writes them (Note [V scale in the
- * rescale]: acc is kept in units of u, the V scale of the last tile; l includes P_SCALE). 1 / l
- * is correctly rounded once per row: a division per element (64 a thread, each with its
- * slow-path branch) took 7 % of the kernel's warp samples at s = 8k (2026-12-05 profile), and
- * the two roundings more stay far below the output's bf16 or fp16 step. Rows past the
- * sequence's real length (padding) and rows that see no key get O = 0 and LSE = -inf; rows past
- * its allocation (span_q) are not written.
+ * rescale]: acc is kept in units of u, the V scale of the last tile; l includes P_SCALE; 1 / l
+ * correctly rounded once per row). Rows past the sequence's real length (padding) and rows
+ * that see no key get O = 0 and LSE = -inf; rows past its allocation (span_q) are not written.
  */
 #ifndef TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_
 #define TRANSFORMER_ENGINE_FUSED_ATTN_EXACT_FP8_ATTENTION_SM90_EPILOGUE_H_

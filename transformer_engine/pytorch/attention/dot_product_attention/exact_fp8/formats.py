@@ -50,10 +50,13 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 # scale_inv of its V chunk (a scalar: rules v2). The kernel keeps the accumulator in units of
 # the last tile's V scale u (u = 1 before any FP8 tile, and for tiles with unquantized V):
 #
-#     acc <- acc * (alpha * (u / s_j)) + P8_j . V8_j,   u <- s_j,   at the end O = (acc / l) * u
+#     acc <- acc * (alpha * (u / s_j)) + P8_j . V8_j,   u <- s_j,   at the end O = (acc * r) * u
 #
-# with alpha the online softmax's per-row factor. u / s_j is one fp32 division per tile (within
-# 2 ulp, exactly 1 for equal units: a deterministic function of the two scales) and
+# with r = 1 / l correctly rounded once per row (a correctly rounded division per element brings
+# a slow-path branch each: 7 % of the sm90 kernel's warp samples at s = 8k; the two roundings
+# more stay far below the output's bf16 or fp16 step), and alpha the online softmax's per-row
+# factor. u / s_j is one fp32 division per tile (within 2 ulp, exactly 1 for equal units: a
+# deterministic function of the two scales) and
 # alpha * (u / s_j) one multiply per row: the per-element work is the rescale that online softmax
 # does anyway, plus one fp32 add of the tile's fresh P8_j . V8_j product (accumulating inside the
 # MMA instead made ptxas serialize the kernel's wgmmas, and keeps the sum in the FP8 MMA's
@@ -64,7 +67,7 @@ TE's CUDA quantizers bit for bit, so they serve as the oracle for the CUDA and T
 # Range: 1 / FP32_MAX <= s <= 2^128 / 448 (a finite amax; 2^120 with power-of-two scales), so
 # u / s_j overflows only for chunk amaxes 2^128 apart or more; the kernel clamps it to FP32_MAX,
 # so that a row whose alpha underflowed to 0 gets 0 * FP32_MAX = 0, not 0 * inf = NaN (the first
-# ratio, 1 / s_j, is the chunk's scale: finite). acc / l <= 448, so the final (acc / l) * u has
+# ratio, 1 / s_j, is the chunk's scale: finite). acc / l <= 448, so the final (acc * r) * u has
 # the output's own magnitude. acc is bounded by l * 448 in units of u (P8 <= P_SCALE,
 # |V8| <= 448): it overflows only if a row's true numerator exceeds FP32_MAX * s_j, i.e. when a
 # tile of tiny V (amax < ~2^-60) follows tiles whose weighted values are ~2^60 larger; such rows

@@ -468,9 +468,9 @@ def attention_forward_kernel(
 
     # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
     seen = (rows < len_q) & (l_i > 0.0)
-    # acc times 1 / l (correctly rounded once per row: a division per element costs a slow-path
-    # branch each), then back from the units of the last V scale (Note [V scale in the rescale]:
-    # acc / l <= 448 cannot overflow, the product is the output's magnitude)
+    # acc times 1 / l (correctly rounded once per row), then back from the units of the last V
+    # scale (Note [V scale in the rescale]: acc / l <= 448 cannot overflow, the product is the
+    # output's magnitude)
     inv_l = tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.where(seen, l_i, 1.0))
     out = (acc * inv_l[:, None]) * v_unit
     out = tl.where(seen[:, None], out, 0.0)
