@@ -169,7 +169,10 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
             row = dict(s=s, b=b, h=h, d=d, mode=mode, path=path, ms=None, tflops=None, note="")
             try:
                 fns[(mode, path)] = _build(te, path, mode, tensors)
-                fns[(mode, path)]()  # compile / build graphs outside the timing
+                # compile / build graphs outside the timing; twice, so that a path whose backward
+                # cannot run again on the kept graph fails here and gets a note, not the run
+                fns[(mode, path)]()
+                fns[(mode, path)]()
                 if mode == "fwd" and path != "upstream-bf16":
                     row["note"] = _accuracy_note(te, path, *tensors[:3], bf16_out)
             except Exception as err:  # a path that cannot run here gets a row that says why
