@@ -1,109 +1,121 @@
 // Issue rates of the instructions the sm90 forward's softmax is made of, per SM sub-partition
 // (benchmarks/results/attention_forward_sm90.md, 2026-12-05 23:40 UTC): MUFU.EX2 (f32, f16x2,
 // bf16x2), the E4M3 and f16 pair conversions, FMNMX, FMUL, FFMA, HADD2, alone and beside another
-// warp's stream. 132 blocks (one per SM) of 4 or 8 warps: warps 0-3 (one per sub-partition) run
-// op a, warps 4-7 op b; each thread runs 16 independent chains of 512 steps, and a warp's rate
-// is its instructions over its clock64() cycles.
+// warp's stream. 132 blocks (one per SM, all loaded alike) of 4 or 8 warps: warps 0-3 (one per
+// sub-partition) run op a, warps 4-7 op b; each thread runs 16 independent chains of 512 steps.
+// A role's rate is block 0's warps' instructions over their clock64() cycles.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o pipes sm90_pipe_rates.cu && ./pipes
-#include <cstdio>
 #include <cuda_runtime.h>
-#include <cuda_fp8.h>
 
-enum Op { EX2 = 0, F2FP = 1, FMNMX = 2, FMUL = 3, FFMA = 4, NOP = 5, EX2H2 = 6, EX2BF2 = 7, F2FPH = 8, H2F = 9, HADD2 = 10 };
-constexpr int kIndep = 16;   // independent chains per thread
-constexpr int kIters = 512;
+#include <cstdio>
 
-template <int op>
-__device__ __forceinline__ void body(float (&x)[kIndep], unsigned (&w)[kIndep]) {
+enum Op { EX2, F2FP, FMNMX, FMUL, FFMA, NOP, EX2H2, EX2BF2, F2FPH, H2F, HADD2, kNumOps };
+const char *const kOpNames[kNumOps] = {"EX2 f32",   "F2FP e4m3x2", "FMNMX",      "FMUL",
+                                       "FFMA",      "none",        "EX2 f16x2",  "EX2 bf16x2",
+                                       "F2FP f16x2", "cvt f16->f32", "HADD2"};
+constexpr int kChains = 16;  // independent chains per thread
+constexpr int kSteps = 512;
+
+// One step of every chain: x holds fp32 chains, w 32-bit (f16x2 / bf16x2 / conversion) chains.
+template <int kOp>
+__device__ __forceinline__ void step(float (&x)[kChains], unsigned (&w)[kChains]) {
 #pragma unroll
-  for (int i = 0; i < kIndep; ++i) {
-    if (op == EX2) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x[i]));
-    if (op == FMNMX) asm volatile("max.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[(i + 1) % kIndep]));
-    if (op == FMUL) asm volatile("mul.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[(i + 1) % kIndep]));
-    if (op == FFMA) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(x[i]) : "f"(x[(i + 1) % kIndep]));
-    if (op == EX2H2) asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(w[i]));
-    if (op == EX2BF2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(w[i]));
-    if (op == HADD2) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(w[(i + 1) % kIndep]));
-    if (op == F2FPH) {  // f32 pair -> f16x2 (cvt.rn.f16x2.f32)
+  for (int i = 0; i < kChains; ++i) {
+    const int j = (i + 1) % kChains, k = (i + 3) % kChains;
+    if (kOp == EX2) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x[i]));
+    if (kOp == FMNMX) asm volatile("max.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if (kOp == FMUL) asm volatile("mul.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if (kOp == FFMA) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if (kOp == EX2H2) asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(w[i]));
+    if (kOp == EX2BF2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(w[i]));
+    if (kOp == HADD2) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(w[j]));
+    if (kOp == F2FPH) {
       unsigned r;
-      asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x[i]), "f"(x[(i + 3) % kIndep]));
+      asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x[i]), "f"(x[k]));
       w[i] += r;
       x[i] += 1.0f;
     }
-    if (op == H2F) {  // f16 -> f32
+    if (kOp == H2F) {
       float f;
-      asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w[i]));
+      asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}"
+                   : "=f"(f)
+                   : "r"(w[i]));
       x[i] += f;
     }
-    if (op == F2FP) {
+    if (kOp == F2FP) {
       unsigned short r;
-      asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x[i]), "f"(x[(i + 3) % kIndep]));
+      asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x[i]), "f"(x[k]));
       w[i] += r;
     }
   }
 }
 
-template <int op>
-__device__ long long run(float (&x)[kIndep], unsigned (&w)[kIndep]) {
-  long long t0 = clock64();
-  for (int it = 0; it < kIters; ++it) body<op>(x, w);
+template <int kOp>
+__device__ long long timed_steps(float (&x)[kChains], unsigned (&w)[kChains]) {
+  const long long t0 = clock64();
+  for (int s = 0; s < kSteps; ++s) step<kOp>(x, w);
   return clock64() - t0;
 }
 
-// roles: op of warp (warp % 4 == sub-partition; warp / 4 == slot)
-__global__ void probe(int op_a, int op_b, long long *cycles, float *sink) {
-  float x[kIndep];
-  unsigned w[kIndep];
-  for (int i = 0; i < kIndep; ++i) { x[i] = 0.5f + 1e-3f * (threadIdx.x + i); w[i] = 0x38003800u + ((threadIdx.x * 16 + i) & 0x3ff) * 0x10001u; }
-  const int warp = threadIdx.x / 32;
-  const int op = warp < 4 ? op_a : op_b;
-  long long c = 0;
-  __syncthreads();
-  switch (op) {
-    case EX2: c = run<EX2>(x, w); break;
-    case F2FP: c = run<F2FP>(x, w); break;
-    case FMNMX: c = run<FMNMX>(x, w); break;
-    case FMUL: c = run<FMUL>(x, w); break;
-    case FFMA: c = run<FFMA>(x, w); break;
-    case EX2H2: c = run<EX2H2>(x, w); break;
-    case EX2BF2: c = run<EX2BF2>(x, w); break;
-    case F2FPH: c = run<F2FPH>(x, w); break;
-    case H2F: c = run<H2F>(x, w); break;
-    case HADD2: c = run<HADD2>(x, w); break;
-    default: break;
+// The cycles of op's kSteps steps (0 for NOP), by a run-time op.
+template <int kOp = 0>
+__device__ long long run_op(int op, float (&x)[kChains], unsigned (&w)[kChains]) {
+  if constexpr (kOp == kNumOps) {
+    return 0;
+  } else {
+    if (op == kOp) return kOp == NOP ? 0 : timed_steps<kOp>(x, w);
+    return run_op<kOp + 1>(op, x, w);
   }
+}
+
+// cycles: [gridDim.x, 32] per warp; sink: never written (keeps the chains' results live).
+__global__ void probe(int op_a, int op_b, long long *cycles, float *sink) {
+  float x[kChains];
+  unsigned w[kChains];
+  for (int i = 0; i < kChains; ++i) {  // distinct per chain and thread: no chain is merged
+    x[i] = 0.5f + 1e-3f * (threadIdx.x + i);
+    w[i] = 0x38003800u + ((threadIdx.x * kChains + i) & 0x3ff) * 0x10001u;
+  }
+  const int warp = threadIdx.x / 32;
+  __syncthreads();
+  const long long c = run_op(warp < 4 ? op_a : op_b, x, w);
   float s = 0;
-  for (int i = 0; i < kIndep; ++i) s += x[i] + w[i];
+  for (int i = 0; i < kChains; ++i) s += x[i] + w[i];
   if (s == 12345.f) sink[threadIdx.x] = s;
   if (threadIdx.x % 32 == 0) cycles[blockIdx.x * 32 + warp] = c;
 }
 
 int main() {
-  long long *d_c; float *d_s;
-  cudaMalloc(&d_c, 132 * 32 * sizeof(long long));
-  cudaMalloc(&d_s, 1024 * sizeof(float));
-  const char *names[] = {"EX2 f32", "F2FP e4m3x2", "FMNMX", "FMUL", "FFMA", "none", "EX2 f16x2", "EX2 bf16x2", "F2FP f16x2", "cvt f16->f32", "HADD2"};
-  struct Case { int a, b, warps; } cases[] = {
-      {EX2, NOP, 4}, {EX2, EX2, 8}, {F2FP, NOP, 4}, {F2FP, F2FP, 8}, {FMNMX, NOP, 4},
-      {FMNMX, FMNMX, 8}, {FMUL, NOP, 4}, {FMUL, FMUL, 8}, {FFMA, FFMA, 8},
-      {EX2, F2FP, 8}, {EX2, FMNMX, 8}, {EX2, FMUL, 8}, {EX2, FFMA, 8},
-      {EX2H2, NOP, 4}, {EX2H2, EX2H2, 8}, {EX2BF2, NOP, 4}, {F2FPH, NOP, 4}, {H2F, NOP, 4},
-      {HADD2, NOP, 4}, {EX2H2, F2FP, 8}, {EX2H2, EX2, 8}, {EX2H2, F2FPH, 8}, {EX2, H2F, 8}};
-  printf("| warp 0-3 op | warp 4-7 op | warps | cycles (a) | cycles (b) | a instr/clk/SMSP | b instr/clk/SMSP |\n|---|---|---|---|---|---|---|\n");
-  for (auto cs : cases) {
-    for (int rep = 0; rep < 2; ++rep)
-      probe<<<132, cs.warps * 32>>>(cs.a, cs.b, d_c, d_s);
+  constexpr int kBlocks = 132;
+  long long *d_cycles;
+  float *d_sink;
+  cudaMalloc(&d_cycles, kBlocks * 32 * sizeof(long long));
+  cudaMalloc(&d_sink, 1024 * sizeof(float));
+  struct Case {
+    int a, b, warps;
+  } cases[] = {{EX2, NOP, 4},     {EX2, EX2, 8},     {F2FP, NOP, 4},   {F2FP, F2FP, 8},
+               {FMNMX, NOP, 4},   {FMNMX, FMNMX, 8}, {FMUL, NOP, 4},   {FMUL, FMUL, 8},
+               {FFMA, FFMA, 8},   {EX2, F2FP, 8},    {EX2, FMNMX, 8},  {EX2, FMUL, 8},
+               {EX2, FFMA, 8},    {EX2H2, NOP, 4},   {EX2H2, EX2H2, 8}, {EX2BF2, NOP, 4},
+               {F2FPH, NOP, 4},   {H2F, NOP, 4},     {HADD2, NOP, 4},  {EX2H2, F2FP, 8},
+               {EX2H2, EX2, 8},   {EX2H2, F2FPH, 8}, {EX2, H2F, 8}};
+  printf("| warp 0-3 op | warp 4-7 op | warps | cycles (a) | cycles (b) | a instr/clk/SMSP |"
+         " b instr/clk/SMSP |\n|---|---|---|---|---|---|---|\n");
+  for (const Case &c : cases) {
+    for (int rep = 0; rep < 2; ++rep) probe<<<kBlocks, c.warps * 32>>>(c.a, c.b, d_cycles, d_sink);
     cudaDeviceSynchronize();
     long long h[32];
-    cudaMemcpy(h, d_c, 32 * sizeof(long long), cudaMemcpyDeviceToHost);
-    double ca = 0, cb = 0;
+    cudaMemcpy(h, d_cycles, sizeof(h), cudaMemcpyDeviceToHost);
+    double ca = 0, cb = 0;  // mean cycles of block 0's warps of each role
     for (int i = 0; i < 4; ++i) ca += h[i] / 4.0;
-    for (int i = 4; i < cs.warps; ++i) cb += h[i] / 4.0;
-    const double n = double(kIters) * kIndep;
-    printf("| %s | %s | %d | %.0f | %.0f | %.3f | %.3f |\n", names[cs.a], cs.warps > 4 ? names[cs.b] : "-", cs.warps,
-           ca, cb, n / ca, cs.warps > 4 && cs.b != NOP ? n / cb : 0.0);
+    for (int i = 4; i < c.warps; ++i) cb += h[i] / 4.0;
+    const double n = double(kSteps) * kChains;
+    const bool has_b = c.warps > 4 && c.b != NOP;
+    printf("| %s | %s | %d | %.0f | %.0f | %.3f | %.3f |\n", kOpNames[c.a],
+           c.warps > 4 ? kOpNames[c.b] : "-", c.warps, ca, cb, n / ca, has_b ? n / cb : 0.0);
   }
-  printf("(instr/clk/SMSP: warp-instructions per clock of one sub-partition's warp; one warp of each role per SMSP)\n");
+  printf("(instr/clk/SMSP: warp instructions per clock of one sub-partition's warp; one warp of"
+         " each role per sub-partition)\n");
   return 0;
 }
