@@ -23,27 +23,27 @@ __device__ __forceinline__ void step(float (&x)[kChains], unsigned (&w)[kChains]
 #pragma unroll
   for (int i = 0; i < kChains; ++i) {
     const int j = (i + 1) % kChains, k = (i + 3) % kChains;
-    if (kOp == EX2) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x[i]));
-    if (kOp == FMNMX) asm volatile("max.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
-    if (kOp == FMUL) asm volatile("mul.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
-    if (kOp == FFMA) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(x[i]) : "f"(x[j]));
-    if (kOp == EX2H2) asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(w[i]));
-    if (kOp == EX2BF2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(w[i]));
-    if (kOp == HADD2) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(w[j]));
-    if (kOp == F2FPH) {
+    if constexpr (kOp == EX2) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x[i]));
+    if constexpr (kOp == FMNMX) asm volatile("max.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if constexpr (kOp == FMUL) asm volatile("mul.f32 %0, %0, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if constexpr (kOp == FFMA) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(x[i]) : "f"(x[j]));
+    if constexpr (kOp == EX2H2) asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(w[i]));
+    if constexpr (kOp == EX2BF2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(w[i]));
+    if constexpr (kOp == HADD2) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(w[j]));
+    if constexpr (kOp == F2FPH) {
       unsigned r;
       asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x[i]), "f"(x[k]));
       w[i] += r;
       x[i] += 1.0f;
     }
-    if (kOp == H2F) {
+    if constexpr (kOp == H2F) {
       float f;
       asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}"
                    : "=f"(f)
                    : "r"(w[i]));
       x[i] += f;
     }
-    if (kOp == F2FP) {
+    if constexpr (kOp == F2FP) {
       unsigned short r;
       asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x[i]), "f"(x[k]));
       w[i] += r;
