@@ -54,6 +54,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
     gpu_ms_per_call,
+    gpu_ms_queued,
 )
 
 TINY = (1, 128, 1, 128)  # b, s, h, d
@@ -89,22 +90,13 @@ def host_us(entry: Entry, calls: int) -> float:
 
 
 GPU_CALLS = 40
-SLEEP_CYCLES = 100_000_000  # ~50 ms at H200 clocks: longer than the host takes for GPU_CALLS
 
 
 def gpu_us(entry: Entry, calls: int = GPU_CALLS) -> float:
     """GPU microseconds per call without host gaps: the calls are queued behind a long sleep
-    kernel, so the GPU runs them back to back (CUDA events around them)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    kernel, so the GPU runs them back to back (testing.gpu_ms_queued)."""
     with entry.context():
-        torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        for _ in range(calls):
-            entry.fn()
-        end.record()
-        torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
+        return gpu_ms_queued(entry.fn, warmup=0, calls=calls) * 1e3
 
 
 def _sdpa_entries(q, k, v, grad_q=None):

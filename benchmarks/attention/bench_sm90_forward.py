@@ -1,6 +1,7 @@
 """Speed of the sm_90a CUDA attention forward next to the Triton kernel and torch's BF16 SDPA.
 
     python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3] [--entries A,B]
+        [--timing queued|synced]
 
 Causal bshd, bf16, d = 128 (current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
 h = 64, h_kv = 8 at s = 8k, 16k. Entries:
@@ -15,9 +16,14 @@ h = 64, h_kv = 8 at s = 8k, 16k. Entries:
                   Float8CurrentScaling(fp8_dpa=True) (the fork's mask-exact path), autocast off,
                   and DelayedScaling(fp8_dpa=True) (upstream's per-tensor cuDNN FP8 SDPA); only
                   where transformer_engine imports
-FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing: the
-median of CUDA-event timings (25 calls after 5 warm-up calls) per entry, entries taken
-round-robin --rounds times; the table shows the median over rounds. A missing entry (no Triton,
+FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing
+(--timing): "queued" (the default since 2026-12-06), the GPU time per call of 10 calls queued
+behind a sleep kernel, the host ahead of the GPU as in a training step and as TE's table
+(benchmarks/te, triton's do_bench) measures (testing.gpu_ms_queued); "synced" (the tables
+before 2026-12-06), the median of CUDA-event timings around each of 25 calls after 5 warm-up
+calls, synchronized after each, so that whatever the GPU waits for before a call's first launch
+counts (testing.gpu_ms_per_call). Entries are taken round-robin --rounds times; the table shows
+the median over rounds. A missing entry (no Triton,
 a backend torch does not offer here) is shown as "-" with the reason in the JSON.
 
 Writes DIR/sm90_forward.md and DIR/sm90_forward.json, and prints the table.
@@ -45,6 +51,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
     gpu_ms_per_call,
+    gpu_ms_queued,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
     attention as cuda_attention,
@@ -113,7 +120,11 @@ def _te_entries(q, k, v):
     return entries
 
 
-def speed_table(rounds: int, only=None):
+TIMINGS = {"synced": gpu_ms_per_call, "queued": gpu_ms_queued}
+
+
+def speed_table(rounds: int, only=None, timing: str = "queued"):
+    time_call = TIMINGS[timing]
     results, skipped = {}, {}
     for shape in SHAPES:
         b, h, h_kv, s = shape
@@ -138,7 +149,7 @@ def speed_table(rounds: int, only=None):
         names = list(runnable)
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                times[name].append(gpu_ms_per_call(runnable[name]))
+                times[name].append(time_call(runnable[name]))
         flops = 2 * b * h * s * s * HEAD_DIM
         for name, t in times.items():
             ms = statistics.median(t)
@@ -148,11 +159,11 @@ def speed_table(rounds: int, only=None):
     return results, skipped
 
 
-def markdown(results, rounds) -> str:
+def markdown(results, rounds, timing: str = "queued") -> str:
     entries = [e for e in ENTRIES if any(name == e for _, name in results)]
     lines = [
         f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
-        f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds)",
+        f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds; timing: {timing})",
         "",
         "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa | exactness cost |",
         "|---|" + "---|" * (len(entries) + 2),
@@ -181,6 +192,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timing", choices=sorted(TIMINGS), default="queued")
     parser.add_argument(
         "--entries", help=f"comma-separated entries to run (default all: {', '.join(ENTRIES)})"
     )
@@ -194,12 +206,13 @@ def main():
     if not kernels.backend_available("cuda"):
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
-    results, skipped = speed_table(args.rounds, only)
-    table = markdown(results, args.rounds)
+    results, skipped = speed_table(args.rounds, only, args.timing)
+    table = markdown(results, args.rounds, args.timing)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_forward.md").write_text(table)
     payload = dict(
         device=torch.cuda.get_device_name(),
+        timing=args.timing,
         results=[dict(shape=list(shape), entry=name, **r) for (shape, name), r in results.items()],
         skipped=skipped,
     )

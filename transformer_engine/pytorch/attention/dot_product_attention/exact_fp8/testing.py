@@ -128,6 +128,30 @@ def gpu_ms_per_call(fn: Callable[[], object], warmup: int = 5, calls: int = 25) 
     return statistics.median(times)
 
 
+SLEEP_CYCLES = 100_000_000
+"""Cycles of the sleep kernel that gpu_ms_queued issues first: ~50 ms at H100 / H200 clocks,
+longer than the host takes to enqueue the calls it times."""
+
+
+def gpu_ms_queued(fn: Callable[[], object], warmup: int = 5, calls: int = 10) -> float:
+    """GPU time of one call of fn in ms with the host ahead of the GPU, as in a training step:
+    `calls` calls queued behind a sleep kernel, so that the GPU runs them back to back, CUDA
+    events around them, their mean. The host's time before and between the launches is not
+    counted (gpu_ms_per_call counts it); a call whose host time exceeds its GPU time would still
+    show it once the sleep has run out."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def leaky_cp_quantizer(rule: str, v_global: torch.Tensor, cp_size: int, qkv_format: str):
     """A payload builder for context_parallel.simulate's `quantize` whose V scales follow the
     leaky `rule` (LEAKY_CP_RULES) over the global V [b, s, h_kv, d] (bshd) or [s, b, ...]; K and
