@@ -23,8 +23,8 @@ behind a sleep kernel, the host ahead of the GPU as in a training step and as TE
 before 2026-12-06), the median of CUDA-event timings around each of 25 calls after 5 warm-up
 calls, synchronized after each, so that whatever the GPU waits for before a call's first launch
 counts (testing.gpu_ms_per_call). Entries are taken round-robin --rounds times; the table shows
-the median over rounds. A missing entry (no Triton,
-a backend torch does not offer here) is shown as "-" with the reason in the JSON.
+the median over rounds. A missing entry (no Triton, a backend torch does not offer here) is
+shown as "-" with the reason in the JSON.
 
 Writes DIR/sm90_forward.md and DIR/sm90_forward.json, and prints the table.
 """
