@@ -2,7 +2,7 @@
 
     python benchmarks/attention/bench_forward_launches.py [--calls 20] [--out DIR]
 
-Causal bshd, bf16, d = 128, the shapes of bench_sm90_forward.py. Per shape, torch.profiler
+Causal bshd, bf16, d = 128, the shapes and inputs of bench_sm90_forward.py. Per shape, torch.profiler
 records --calls forwards (kernels.attention_forward, backend "cuda") after warm-up calls; each
 CUDA kernel's duration is averaged over the calls, and the span from the first kernel's start to
 the last kernel's end of a call (its GPU time without the host before the first launch) is
@@ -24,17 +24,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also under PYTHONSAFEPATH
 
+from bench_sm90_forward import HEAD_DIM, SHAPES, causal_inputs  # noqa: E402
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import (  # noqa: E402
     kernels,
 )
 
-HEAD_DIM = 128
-# (b, h, h_kv, s)
-SHAPES = [(2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8192),
-          (1, 64, 8, 16384)]  # fmt: skip
 KW = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal", backend="cuda")
 
 
@@ -54,13 +50,7 @@ def _kernel_events(prof):
 
 
 def measure(shape, calls: int):
-    b, h, h_kv, s = shape
-    gen = torch.Generator(device="cuda").manual_seed(s)
-    q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-    k, v = (
-        torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-        for _ in range(2)
-    )
+    q, k, v = causal_inputs(shape)
     nbytes = _cast_bytes(*shape)
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -101,7 +91,7 @@ def measure(shape, calls: int):
 
 def _short(name: str) -> str:
     for key, label in (("attention_fwd", "attention kernel"), ("rowwise_cast", "Q/K cast"),
-                       ("cast_transposed", "V cast"), ("copy", "d2d copy (reference)")):  # fmt: skip
+                       ("cast_transposed", "V cast")):  # fmt: skip
         if key in name:
             return label
     return name[:40]

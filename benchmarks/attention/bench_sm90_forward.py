@@ -123,17 +123,25 @@ def _te_entries(q, k, v):
 TIMINGS = {"synced": gpu_ms_per_call, "queued": gpu_ms_queued}
 
 
-def speed_table(rounds: int, only=None, timing: str = "queued"):
+def causal_inputs(shape):
+    """Q, K, V [b, s, h or h_kv, HEAD_DIM] bf16 N(0, 1) on the GPU for shape (b, h, h_kv, s),
+    seeded by s (bench_forward_launches.py times the same inputs)."""
+    b, h, h_kv, s = shape
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+    k, v = (
+        torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+        for _ in range(2)
+    )
+    return q, k, v
+
+
+def speed_table(rounds: int, only, timing: str):
     time_call = TIMINGS[timing]
     results, skipped = {}, {}
     for shape in SHAPES:
         b, h, h_kv, s = shape
-        gen = torch.Generator(device="cuda").manual_seed(s)
-        q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-        k, v = (
-            torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-            for _ in range(2)
-        )
+        q, k, v = causal_inputs(shape)
         runnable = {}
         for name, fn in _entries(q, k, v).items():
             if only is not None and name not in only:
@@ -159,7 +167,7 @@ def speed_table(rounds: int, only=None, timing: str = "queued"):
     return results, skipped
 
 
-def markdown(results, rounds, timing: str = "queued") -> str:
+def markdown(results, rounds, timing: str) -> str:
     entries = [e for e in ENTRIES if any(name == e for _, name in results)]
     lines = [
         f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
