@@ -156,11 +156,10 @@ struct Consumer {
       if (visit + 1 == range.num_tiles()) release(&ss.bar_q_empty);
       scales.apply<kBoundary>(tSrS, tScS, k_scales, range.tile(visit));
       turn.last = visit + 1 == range.num_tiles();
-      softmax.step(tSrS, scales.row_scale, alpha, turn);
+      softmax.step(tSrS, scales.row_scale, alpha, turn, !kBoundary);
     };
-    // The stage's K scales and V scale (1 for a boundary tile), read once its K has arrived.
-    auto tile_scales = [&](int stage, bool boundary, ScoreScales::KeyScales &k_scales) {
-      ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
+    // The stage's V scale (1 for a boundary tile), read once its K has arrived.
+    auto v_scale = [&](int stage, bool boundary) {
       return boundary && !kFp8VEverywhere ? 1.0f : ss.v_scale[stage];
     };
     // The factor of O before the next tile's product is added: alpha * (u / s_kt), u <- s_kt
@@ -190,11 +189,12 @@ struct Consumer {
       }
     };
     // Waits for T = P(visit) . V(visit) and adds it to O in fp32: O = O * factor + T
-    // (Note [Two-level P.V accumulation]).
+    // (Note [Two-level P.V accumulation]). visit = -1 (before a query tile's first visit, when
+    // that is an FP8 visit): tOrT holds zeros, no stage to release.
     auto add_pv = [&](int visit) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrT);
-      release(&ss.bar_v_empty[(first + visit) % kStages]);
+      if (visit >= 0) release(&ss.bar_v_empty[(first + visit) % kStages]);
 #pragma unroll
       for (int v = 0; v < size(tOrO); ++v) {
         tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tOrT(v));
@@ -204,16 +204,26 @@ struct Consumer {
     auto visit_step = [&](int visit, auto boundary) {
       const int stage = (first + visit) % kStages;
       Barrier::wait(&ss.bar_k_full[stage], ((first + visit) / kStages) & 1);
-      ScoreScales::KeyScales k_scales;  // read now: their latency hides behind P.V(v-1)
-      const float s_kt = tile_scales(stage, decltype(boundary)::value, k_scales);
-      if (visit > 0) add_pv(visit - 1);
+      constexpr bool kBoundary = decltype(boundary)::value;
+      const float s_kt = v_scale(stage, kBoundary);
+      // The K scales: an FP8 visit reads them once S(v) is issued, so that their loads run
+      // under S(v) and do not hold the O update and the issue of S(v) back; a boundary visit
+      // reads them here (read late there, ptxas serializes the d = 64 kernels' WGMMAs: C7511).
+      ScoreScales::KeyScales k_scales;
+      if constexpr (kBoundary) ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
+      // FP8 visits add T(v - 1) without a branch: at a branch ptxas waits for the loads in
+      // flight (docs/attention_kernel_sm90.md, One CTA, the visit's chain).
+      if (!kBoundary || visit > 0) add_pv(visit - 1);
       issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
+      if constexpr (!kBoundary) ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       float alpha[2];
       softmax_step(visit, boundary, k_scales, alpha);
-      set_factor(visit, alpha, s_kt);
       issue_pv(visit, boundary);
+      // after the issue: the division u / s(v) (its latency and its slow-path branch) runs
+      // under T(v) instead of ahead of P's conversion
+      set_factor(visit, alpha, s_kt);
     };
 
     if (q_tile == 0) store_rows_past_grid<kHeadDim>(p, seq, head, mma_thread);  // thd padding
@@ -227,6 +237,7 @@ struct Consumer {
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
     const int num_boundary = range.num_boundary();
+    if (num_boundary == 0) clear(tSrS);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
     for (int visit = num_boundary; visit < num_tiles; ++visit) {
       visit_step(visit, cute::false_type{});

@@ -162,8 +162,12 @@ struct OnlineSoftmax {
   // general form gives a row that is not huge the bits of the one-FFMA form (t - 0 = t).
   // turn: the warpgroups' alternation of the exponent loops (ExpTurn, kernel.h); its wait()
   // comes right before a loop of exp2 and its pass() after, on the loop's sums.
+  // early_shuffles: the row maxima's shuffles are issued before the warp's vote on huge rows,
+  // so that the two latencies overlap (FP8 visits; in boundary visits ptxas then serializes
+  // the d = 64 kernels' WGMMAs, C7511). The same bits either way.
   template <class Frag, class Turn>
-  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn) {
+  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn,
+                           bool early_shuffles) {
     static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
     // Four partial maxima per row: short dependency chains (max is exact in any order).
     float part[2][4];
@@ -184,14 +188,20 @@ struct OnlineSoftmax {
       own_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
       maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
     }
-    // Decided before the row maxima's shuffles, on the thread's own maxima: a row of the warp
+    float tile_max[2];  // of each row's scores in the tile: the quad's maximum of own_max
+    if (early_shuffles) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
+    }
+    // Decided on the thread's own maxima, not the quad's: a row of the warp
     // can turn huge at this tile only if some thread's own maximum is huge (|max| over the quad
     // is at most the largest |own max|, or all of them are -inf), or it was huge before.
     if (!__any_sync(0xffffffff, maybe_huge)) {
       float bias[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], quad_max(own_max[h]) * row_scale[h]);
+        const float row_max = early_shuffles ? tile_max[h] : quad_max(own_max[h]);
+        const float m_new = fmaxf(m[h], row_max * row_scale[h]);
         const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
         alpha[h] = fast_exp2(m[h] - m_ref);
         bias[h] = kLog2PScale - m_ref;
@@ -209,25 +219,28 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
     } else {
-      general_step(t, row_scale, own_max, alpha, turn);
+      if (!early_shuffles) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
+      }
+      general_step(t, row_scale, tile_max, alpha, turn);
     }
   }
 
   // step() for a warp with a row that is, was or may turn huge.
   template <class Frag, class Turn>
   CUTLASS_DEVICE void general_step(Frag &t, float const (&row_scale)[2],
-                                   float const (&own_max)[2], float (&alpha)[2], Turn &turn) {
+                                   float const (&tile_max)[2], float (&alpha)[2], Turn &turn) {
     float t_sub[2], bias[2];
     bool huge[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float rs = row_scale[h];
-      const float tile_max = quad_max(own_max[h]);
-      const float m_new = fmaxf(m[h], tile_max * rs);
+      const float m_new = fmaxf(m[h], tile_max[h] * rs);
       const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
       huge[h] = is_huge_row(m_new);
       const bool huge_prev = is_huge_row(m[h]);
-      const float t_new = huge_prev ? fmaxf(t_max[h], tile_max) : tile_max;
+      const float t_new = huge_prev ? fmaxf(t_max[h], tile_max[h]) : tile_max[h];
       t_sub[h] = huge[h] ? t_new : 0.0f;
       bias[h] = huge[h] ? kLog2PScale : kLog2PScale - m_ref;
       const float x = huge[h] ? (huge_prev ? (t_max[h] - t_new) * rs : fmaf(-rs, t_new, m[h]))
