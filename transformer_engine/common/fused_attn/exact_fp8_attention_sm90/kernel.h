@@ -17,10 +17,10 @@
  *       wait T(v-1) = P(v-1) . V(v-1) -> O = O * factor(v-1) + T(v-1) in fp32
  *       issue S(v) = Q8 . K8(v)^T into the same registers; wait for it -> scores in log2 units
  *       with the per-key K scale and the per-row Q scale, the element-wise mask on boundary
- *       tiles -> online softmax (softmax.h) -> factor(v) = alpha(v) * (u / s(v)), u <- s(v)
- *       (Note [V scale in the rescale]) -> P(v) into the A operand of its P.V (E4M3 for an FP8
- *       tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a fresh
- *       accumulator
+ *       tiles -> online softmax (softmax.h) -> P(v) into the A operand of its P.V (E4M3 for
+ *       an FP8 tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a
+ *       fresh accumulator -> factor(v) = alpha(v) * (u / s(v)), u <- s(v) (Note [V scale in
+ *       the rescale]), under T(v)
  *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
  *     warpgroup's softmax fills the tensor cores' gaps. The two take turns at their loops of
  *     exp2 (ExpTurn), which keep the MUFU units busy.
@@ -212,7 +212,7 @@ struct Consumer {
       ScoreScales::KeyScales k_scales;
       if constexpr (kBoundary) ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
       // FP8 visits add T(v - 1) without a branch: at a branch ptxas waits for the loads in
-      // flight (docs/attention_kernel_sm90.md, One CTA, the visit's chain).
+      // flight (docs/attention_kernel_sm90.md, item 10).
       if (!kBoundary || visit > 0) add_pv(visit - 1);
       issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage], tSrS, mma_thread);
       if constexpr (!kBoundary) ScoreScales::load(k_scales, tScS, ss.k_scale[stage]);
