@@ -120,12 +120,20 @@ struct Consumer {
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
     // O in fp32, never a WGMMA accumulator (Note [Two-level P.V accumulation]); a tile's
-    // P.V product T lands in tSrS, the registers of its scores: the first d / 2 of them, which
-    // hold the fragment's first d columns in the accumulator layout of a 64 x d product (all of
-    // them at d = 128).
+    // P.V product T at d = 128 lands in tSrS, the registers of its scores (free once P is in its
+    // operand registers), in the accumulator layout of a 64 x d product. At d = 64 T has 32
+    // registers of its own: inside tSrS's, ptxas serialized the d = 64 kernels' WGMMAs (C7511)
+    // after most changes to the visit's code (docs/attention_kernel_sm90.md, item 10).
     Tensor tOrO = partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
     Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kHeadDim>>{}));
-    Tensor tOrT = make_tensor(tSrS.data(), tOrO.layout());
+    auto make_t = [&] {
+      if constexpr (kHeadDim == 128) {
+        return make_tensor(tSrS.data(), tOrO.layout());
+      } else {
+        return partition_fragment_C(mma_pv8, Shape<Int<kQTile>, Int<kHeadDim>>{});
+      }
+    };
+    Tensor tOrT = make_t();
     // P's A operand: the input dtype (bf16 or fp16) for a boundary tile, E4M3 (the first half
     // of the registers) for an FP8 tile.
     Tensor tOrP16 = make_tensor<Element>(
@@ -237,7 +245,7 @@ struct Consumer {
 
     // Boundary tiles are visited first (KVTileRange), then the FP8 tiles.
     const int num_boundary = range.num_boundary();
-    if (num_boundary == 0) clear(tSrS);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
+    if (num_boundary == 0) clear(tOrT);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
     for (int visit = num_boundary; visit < num_tiles; ++visit) {
       visit_step(visit, cute::false_type{});
