@@ -164,7 +164,7 @@ struct Consumer {
       if (visit + 1 == range.num_tiles()) release(&ss.bar_q_empty);
       scales.apply<kBoundary>(tSrS, tScS, k_scales, range.tile(visit));
       turn.last = visit + 1 == range.num_tiles();
-      softmax.step(tSrS, scales.row_scale, alpha, turn, !kBoundary);
+      softmax.template step<!kBoundary>(tSrS, scales.row_scale, alpha, turn);
     };
     // The stage's V scale (1 for a boundary tile), read once its K has arrived.
     auto v_scale = [&](int stage, bool boundary) {

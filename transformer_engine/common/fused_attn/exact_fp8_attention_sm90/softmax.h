@@ -162,12 +162,11 @@ struct OnlineSoftmax {
   // general form gives a row that is not huge the bits of the one-FFMA form (t - 0 = t).
   // turn: the warpgroups' alternation of the exponent loops (ExpTurn, kernel.h); its wait()
   // comes right before a loop of exp2 and its pass() after, on the loop's sums.
-  // early_shuffles: the row maxima's shuffles are issued before the warp's vote on huge rows,
-  // so that the two latencies overlap (FP8 visits; in boundary visits ptxas then serializes
-  // the d = 64 kernels' WGMMAs, C7511). The same bits either way.
-  template <class Frag, class Turn>
-  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn,
-                           bool early_shuffles) {
+  // kEarlyShuffles: the row maxima's shuffles are issued before the warp's vote on huge rows,
+  // so that the two latencies overlap (FP8 visits; in boundary visits ptxas then serialized the
+  // d = 64 kernels' WGMMAs, C7511). The same bits either way.
+  template <bool kEarlyShuffles, class Frag, class Turn>
+  CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn) {
     static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
     // Four partial maxima per row: short dependency chains (max is exact in any order).
     float part[2][4];
@@ -189,7 +188,7 @@ struct OnlineSoftmax {
       maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
     }
     float tile_max[2];  // of each row's scores in the tile: the quad's maximum of own_max
-    if (early_shuffles) {
+    if constexpr (kEarlyShuffles) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
     }
@@ -200,7 +199,7 @@ struct OnlineSoftmax {
       float bias[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float row_max = early_shuffles ? tile_max[h] : quad_max(own_max[h]);
+        const float row_max = kEarlyShuffles ? tile_max[h] : quad_max(own_max[h]);
         const float m_new = fmaxf(m[h], row_max * row_scale[h]);
         const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
         alpha[h] = fast_exp2(m[h] - m_ref);
@@ -219,7 +218,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
     } else {
-      if (!early_shuffles) {
+      if constexpr (!kEarlyShuffles) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
       }
