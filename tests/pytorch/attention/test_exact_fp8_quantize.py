@@ -225,6 +225,28 @@ def test_large_inputs_match_reference(case):
     assert_same_results(*_both(Q.per_token_cast_to_fp8, v, qkv_format=qkv_format))
 
 
+@pytest.mark.parametrize("no_l1", ["0", "1"])
+@pytest.mark.parametrize("case", ["small", "bshd", "thd", "element_loads"])
+def test_per_chunk_load_policy_matches_reference(case, no_l1, monkeypatch):
+    """The current-scaling V cast's loads with and without L1 allocation (chosen by the grid's
+    size, forced here through NVTE_EXACT_FP8_V_CAST_NO_L1) give the reference's bits, small grids
+    and large ones, aligned columns or not."""
+    monkeypatch.setenv("NVTE_EXACT_FP8_V_CAST_NO_L1", no_l1)
+    if case == "small":
+        inputs = [
+            (*_make(f, dtype, 128, torch.Generator().manual_seed(5)), f)
+            for f in FORMATS
+            for dtype in DTYPES
+        ]
+    else:
+        v, qkv_format, cu = _large(case)
+        inputs = [(v, cu, qkv_format)]
+    for v, cu, qkv_format in inputs:
+        for aligned in (False, True):
+            kw = dict(qkv_format=qkv_format, cu_seqlens=cu, aligned_columns=aligned)
+            assert_same_results(*_both(Q.per_chunk_cast_to_fp8_transposed, v, **kw))
+
+
 @pytest.mark.parametrize("num_seqs", [1, 3, 255, 256, 257, 5000])
 @pytest.mark.parametrize("chunk", Q.CHUNK_SIZES)
 def test_sequence_offsets_kernel_matches_torch(num_seqs, chunk):

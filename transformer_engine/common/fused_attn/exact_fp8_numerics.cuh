@@ -163,10 +163,18 @@ __device__ __forceinline__ float2 to_float2(uint32_t packed, __half) {
 }
 
 /* Eight consecutive 16-bit elements as raw bits: one 16-byte load, or eight element loads when
- * the address is not known to be 16-byte aligned. */
-template <typename T, bool kVectorized>
+ * the address is not known to be 16-byte aligned. kNoL1Allocate: the 16-byte load does not
+ * allocate its line in L1 (ld.global.nc.L1::no_allocate; the V cast's small grids,
+ * exact_fp8_transposed_current.cu). */
+template <typename T, bool kVectorized, bool kNoL1Allocate = false>
 __device__ __forceinline__ uint4 load_vec8(const T *src) {
-  if constexpr (kVectorized) {
+  if constexpr (kVectorized && kNoL1Allocate) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(src));
+    return r;
+  } else if constexpr (kVectorized) {
     return __ldg(reinterpret_cast<const uint4 *>(src));
   } else {
     const uint16_t *p = reinterpret_cast<const uint16_t *>(src);

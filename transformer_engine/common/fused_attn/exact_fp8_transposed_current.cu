@@ -20,9 +20,15 @@
  *    instruction of a warp writes 64 contiguous bytes into each of 8 data_t rows.
  * No shared-memory tiles and no pipeline: 5 blocks per SM are resident at head_dim 128 (96
  * registers), and a block's loads are in flight only until it casts, so a partial last wave of
- * blocks holds few bytes in flight (small inputs fall short of the copy's bandwidth: measured in
- * benchmarks/results/quantize_bandwidth.md).
+ * blocks holds few bytes in flight. A grid of fewer than two waves of resident blocks loads
+ * without allocating in L1 (use_no_l1_loads): there the 16-byte loads of the default policy fell
+ * short of the copy's bandwidth and the ones that skip L1 did not; larger grids keep the
+ * default, which is faster for them (benchmarks/results/quantize_bandwidth.md, 2026-12-06).
  */
+#include <cstdlib>
+#include <cstring>
+
+#include "exact_fp8_device_info.h"
 #include "exact_fp8_transposed_current.cuh"
 
 namespace transformer_engine {
@@ -88,7 +94,7 @@ __device__ ChunkSpan lane_chunk(const ChunkParams &p, int span, const Lane<kChun
 }
 
 /* The lane's 16 token rows x 8 channels as raw 16-bit pairs, zeros from row `valid` on. */
-template <typename T, bool kVectorized>
+template <typename T, bool kVectorized, bool kNoL1>
 __device__ void load_rows(const ChunkParams &p, int head, int channel, const ChunkSpan &s,
                           int first, int valid, uint32_t (&rows)[kTokensPerLane][kWordsPerRow]) {
   // [batch, seqlen, heads, head_dim] view at the lane's first token, head and channel
@@ -97,7 +103,7 @@ __device__ void load_rows(const ChunkParams &p, int head, int channel, const Chu
   if (valid >= kTokensPerLane) {  // the common case: 16 loads, no branches between them
 #pragma unroll
     for (int j = 0; j < kTokensPerLane; ++j) {
-      const uint4 raw = load_vec8<T, kVectorized>(src + j * p.stride_seq);
+      const uint4 raw = load_vec8<T, kVectorized, kNoL1>(src + j * p.stride_seq);
       rows[j][0] = raw.x;
       rows[j][1] = raw.y;
       rows[j][2] = raw.z;
@@ -108,7 +114,7 @@ __device__ void load_rows(const ChunkParams &p, int head, int channel, const Chu
 #pragma unroll
   for (int j = 0; j < kTokensPerLane; ++j) {
     uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (j < valid) raw = load_vec8<T, kVectorized>(src + j * p.stride_seq);
+    if (j < valid) raw = load_vec8<T, kVectorized, kNoL1>(src + j * p.stride_seq);
     rows[j][0] = raw.x;
     rows[j][1] = raw.y;
     rows[j][2] = raw.z;
@@ -184,7 +190,7 @@ __device__ float chunk_scale(const ChunkParams &p, int span, int head, const Lan
 }
 
 /* Item (span, head): load, amax, ONE block barrier, cast and store. */
-template <typename T, int kHeadDim, int kChunk, bool kVectorized>
+template <typename T, int kHeadDim, int kChunk, bool kVectorized, bool kNoL1>
 __device__ __forceinline__ void cast_item(const ChunkParams &p, int span, int head,
                                           float (*partial)[kSpanTokens / kChunk]) {
   using S = Shape<kHeadDim>;
@@ -193,7 +199,7 @@ __device__ __forceinline__ void cast_item(const ChunkParams &p, int span, int he
   const int channel = lane.slice * kWarpChannels + lane.piece * kChannelsPerLane;
   const int valid = s.len - lane.first;         // the lane's real tokens (<= 0: none)
   uint32_t rows[kTokensPerLane][kWordsPerRow];  // [token, channel pair] raw 16-bit pairs
-  load_rows<T, kVectorized>(p, head, channel, s, lane.first, valid, rows);
+  load_rows<T, kVectorized, kNoL1>(p, head, channel, s, lane.first, valid, rows);
   bool has_nan = false;
   const float amax = lane_amax<T>(rows, &has_nan);
   warp_chunk_amax<kChunk>(amax, lane, partial[threadIdx.x / kWarpSize]);
@@ -208,8 +214,9 @@ __device__ __forceinline__ void cast_item(const ChunkParams &p, int span, int he
 }
 
 /* Grid: [spans, heads] blocks (at least one); every block also zeroes its share of the columns
- * that belong to no sequence and of the aligned layout's span tails. */
-template <typename T, int kHeadDim, int kChunk, bool kVectorized>
+ * that belong to no sequence and of the aligned layout's span tails. kNoL1: the 16-byte loads do
+ * not allocate in L1 (use_no_l1_loads). */
+template <typename T, int kHeadDim, int kChunk, bool kVectorized, bool kNoL1>
 __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kMinBlocksPerSm)
     current_cast_transposed_kernel(const ChunkParams p) {
   using S = Shape<kHeadDim>;
@@ -217,11 +224,27 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kM
   const int span = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
   if (span < p.num_spans && head < p.heads) {
-    cast_item<T, kHeadDim, kChunk, kVectorized>(p, span, head, partial);
+    cast_item<T, kHeadDim, kChunk, kVectorized, kNoL1>(p, span, head, partial);
   }
   const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   zero_unwritten_columns(p, block * S::kThreads + threadIdx.x,
                          static_cast<int64_t>(gridDim.x) * gridDim.y * S::kThreads);
+}
+
+/* Whether a grid of `blocks` loads without allocating in L1: when it is shorter than two waves of
+ * resident blocks (blocks_per_sm a multiprocessor). Measured on the H100 (2026-12-06,
+ * benchmarks/results/quantize_bandwidth.md): at 1.55 waves (bshd b=2 h_kv=16 s=4k, GQA b=1
+ * h_kv=8 s=16k) such loads took the cast from 82-83 % to 92-94 % of the copy's bandwidth, and
+ * from 3.1 waves on (8k, 16k, the thd pack) they cost 2-4 points. NVTE_EXACT_FP8_V_CAST_NO_L1=1
+ * or 0 forces the choice (tests, benchmarks). */
+bool use_no_l1_loads(int64_t blocks, int blocks_per_sm, cudaError_t *err) {
+  if (const char *force = std::getenv("NVTE_EXACT_FP8_V_CAST_NO_L1")) {
+    if (std::strcmp(force, "1") == 0) return true;
+    if (std::strcmp(force, "0") == 0) return false;
+  }
+  int sms = 0;
+  *err = current_device_sm_count(&sms);
+  return *err == cudaSuccess && blocks < 2LL * sms * blocks_per_sm;
 }
 
 template <typename T, int kHeadDim, int kChunk>
@@ -229,8 +252,13 @@ cudaError_t launch_shaped(const ChunkParams &p, bool vectorized, cudaStream_t st
   using S = Shape<kHeadDim>;
   if (p.heads > kMaxGridHeads) return cudaErrorInvalidConfiguration;
   const dim3 grid(p.num_spans > 0 ? p.num_spans : 1, p.heads > 0 ? p.heads : 1);
-  auto kernel = vectorized ? current_cast_transposed_kernel<T, kHeadDim, kChunk, true>
-                           : current_cast_transposed_kernel<T, kHeadDim, kChunk, false>;
+  cudaError_t err = cudaSuccess;
+  const bool no_l1 = vectorized && use_no_l1_loads(static_cast<int64_t>(grid.x) * grid.y,
+                                                   S::kMinBlocksPerSm, &err);
+  if (err != cudaSuccess) return err;
+  auto kernel = !vectorized ? current_cast_transposed_kernel<T, kHeadDim, kChunk, false, false>
+                : no_l1     ? current_cast_transposed_kernel<T, kHeadDim, kChunk, true, true>
+                            : current_cast_transposed_kernel<T, kHeadDim, kChunk, true, false>;
   kernel<<<grid, S::kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "../exact_fp8_device_info.h"
 #include "dynamic_smem.h"
 #include "kernel.h"
 #include "transformer_engine/exact_fp8_attention_sm90.h"
@@ -132,19 +133,6 @@ std::string check_view(const NVTEExactFP8TokenView &x, const char *name, int32_t
     return std::string(name) + "'s view does not match the attention's shape";
   }
   return "";
-}
-
-/* The current device's SMs, asked once per device. */
-cudaError_t sm_count(int *sms) {
-  static std::atomic<int> counts[kMaxDevices];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const bool cached = device < kMaxDevices;
-  if (cached && (*sms = counts[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && cached) counts[device].store(*sms, std::memory_order_relaxed);
-  return err;
 }
 
 /* The persistent grid's CTAs: one per SM, at most `items`, and at most
@@ -276,7 +264,7 @@ NVTEExactFP8Status launch_head_dim(const NVTEExactFP8AttentionSm90Args &a, cudaS
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   // A persistent grid (tile_scheduler.h).
   int sms = 0;
-  err = sm_count(&sms);
+  err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(err));
   const int64_t items = int64_t(b) * h * p.num_q_tiles;
   kp.total_items = static_cast<int32_t>(items);
