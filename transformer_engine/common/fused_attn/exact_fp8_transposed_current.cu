@@ -232,10 +232,11 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, Shape<kHeadDim>::kM
 }
 
 /* Whether a grid of `blocks` loads without allocating in L1: when it is shorter than two waves of
- * resident blocks (blocks_per_sm a multiprocessor). Measured on the H100 (2026-12-06,
+ * resident blocks (blocks_per_sm a multiprocessor). Measured at d = 128 (2026-12-06,
  * benchmarks/results/quantize_bandwidth.md): at 1.55 waves (bshd b=2 h_kv=16 s=4k, GQA b=1
- * h_kv=8 s=16k) such loads took the cast from 82-83 % to 92-94 % of the copy's bandwidth, and
- * from 3.1 waves on (8k, 16k, the thd pack) they cost 2-4 points. NVTE_EXACT_FP8_V_CAST_NO_L1=1
+ * h_kv=8 s=16k) such loads took the cast from 76-77 % to 82-83 % of the copy's bandwidth on the
+ * H200 and from 82-83 % to 92-94 % on the H100; from 3.1 waves on (8k, 16k, the thd pack) they
+ * cost 2-4 points on the H100. NVTE_EXACT_FP8_V_CAST_NO_L1=1
  * or 0 forces the choice (tests, benchmarks). */
 bool use_no_l1_loads(int64_t blocks, int blocks_per_sm, cudaError_t *err) {
   if (const char *force = std::getenv("NVTE_EXACT_FP8_V_CAST_NO_L1")) {

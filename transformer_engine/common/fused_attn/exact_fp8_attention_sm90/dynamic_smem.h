@@ -9,6 +9,8 @@
 
 #include <atomic>
 
+#include "../exact_fp8_device_info.h"
+
 namespace transformer_engine {
 namespace exact_fp8 {
 namespace sm90 {
@@ -16,17 +18,15 @@ namespace sm90 {
 // The kernels whose attribute is remembered, one slot each.
 enum class SmemSlot { kForward, kForwardFp16, kForwardLeaky, kBackward, kBackwardFp16 };
 
-constexpr int kMaxDevices = 64;  // devices whose kernel attribute is remembered
-
 // cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) the first time `slot`'s kernel
-// is launched on the current device (every time on a device past kMaxDevices).
+// is launched on the current device (every time on a device past kMaxCachedDevices).
 template <SmemSlot slot, typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, int smem) {
-  static std::atomic<bool> done[kMaxDevices];
+  static std::atomic<bool> done[kMaxCachedDevices];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  const bool cached = device < kMaxDevices;
+  const bool cached = device < kMaxCachedDevices;
   if (cached && done[device].load(std::memory_order_acquire)) return cudaSuccess;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess && cached) done[device].store(true, std::memory_order_release);
