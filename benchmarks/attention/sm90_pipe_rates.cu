@@ -1,7 +1,7 @@
 // Issue rates of the instructions the sm90 forward's softmax is made of, per SM sub-partition
-// (benchmarks/results/attention_forward_sm90.md, 2026-12-05 23:40 UTC): MUFU.EX2 (f32, f16x2,
-// bf16x2), the E4M3 and f16 pair conversions, FMNMX, FMUL, FFMA, HADD2, alone and beside another
-// warp's stream. 132 blocks (one per SM, all loaded alike) of 4 or 8 warps: warps 0-3 (one per
+// (benchmarks/results/attention_forward_sm90.md, 2026-12-05 23:40 UTC and 2026-12-06 11:20 UTC):
+// MUFU.EX2 (f32, f16x2, bf16x2), the E4M3 and f16 pair conversions, FMNMX, FMUL, FFMA, HADD2, the
+// two- and three-input integer maxima (IMNMX, VIMNMX3), alone and beside another warp's stream. 132 blocks (one per SM, all loaded alike) of 4 or 8 warps: warps 0-3 (one per
 // sub-partition) run op a, warps 4-7 op b; each thread runs 16 independent chains of 512 steps.
 // A role's rate is block 0's warps' instructions over their clock64() cycles.
 //
@@ -10,10 +10,13 @@
 
 #include <cstdio>
 
-enum Op { EX2, F2FP, FMNMX, FMUL, FFMA, NOP, EX2H2, EX2BF2, F2FPH, H2F, HADD2, kNumOps };
+enum Op {
+  EX2, F2FP, FMNMX, FMUL, FFMA, NOP, EX2H2, EX2BF2, F2FPH, H2F, HADD2, IMNMX, VIMNMX3, kNumOps
+};
 const char *const kOpNames[kNumOps] = {"EX2 f32",   "F2FP e4m3x2", "FMNMX",      "FMUL",
                                        "FFMA",      "none",        "EX2 f16x2",  "EX2 bf16x2",
-                                       "F2FP f16x2", "cvt f16->f32", "HADD2"};
+                                       "F2FP f16x2", "cvt f16->f32", "HADD2",
+                                       "IMNMX",     "VIMNMX3"};
 constexpr int kChains = 16;  // independent chains per thread
 constexpr int kSteps = 512;
 
@@ -29,6 +32,12 @@ __device__ __forceinline__ void step(float (&x)[kChains], unsigned (&w)[kChains]
     if constexpr (kOp == FFMA) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(x[i]) : "f"(x[j]));
     if constexpr (kOp == EX2H2) asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(w[i]));
     if constexpr (kOp == EX2BF2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(w[i]));
+    if constexpr (kOp == IMNMX) asm volatile("max.s32 %0, %0, %1;" : "+r"(w[i]) : "r"(w[j]));
+    if constexpr (kOp == VIMNMX3) {
+      // the three-input integer maximum (a DPX instruction of sm_90): two new values a step
+      w[i] = static_cast<unsigned>(__vimax3_s32(static_cast<int>(w[i]), static_cast<int>(w[j]),
+                                                static_cast<int>(w[k])));
+    }
     if constexpr (kOp == HADD2) asm volatile("add.rn.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(w[j]));
     if constexpr (kOp == F2FPH) {
       unsigned r;
@@ -99,7 +108,9 @@ int main() {
                {FFMA, FFMA, 8},   {EX2, F2FP, 8},    {EX2, FMNMX, 8},  {EX2, FMUL, 8},
                {EX2, FFMA, 8},    {EX2H2, NOP, 4},   {EX2H2, EX2H2, 8}, {EX2BF2, NOP, 4},
                {F2FPH, NOP, 4},   {H2F, NOP, 4},     {HADD2, NOP, 4},  {EX2H2, F2FP, 8},
-               {EX2H2, EX2, 8},   {EX2H2, F2FPH, 8}, {EX2, H2F, 8}};
+               {EX2H2, EX2, 8},   {EX2H2, F2FPH, 8}, {EX2, H2F, 8},
+               {IMNMX, NOP, 4},   {IMNMX, IMNMX, 8}, {VIMNMX3, NOP, 4}, {VIMNMX3, VIMNMX3, 8},
+               {EX2, VIMNMX3, 8}, {EX2, IMNMX, 8}};
   printf("| warp 0-3 op | warp 4-7 op | warps | cycles (a) | cycles (b) | a instr/clk/SMSP |"
          " b instr/clk/SMSP |\n|---|---|---|---|---|---|---|\n");
   for (const Case &c : cases) {
