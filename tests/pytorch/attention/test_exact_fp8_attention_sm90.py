@@ -929,10 +929,10 @@ def _negative_rows(seed, b, s, h, negative):
 @pytest.mark.parametrize("t", [100, 135, 700])
 def test_rows_with_only_negative_scores_change_no_other_row_bit(mask, t):
     """Note [Row maxima from the scores' bits] (softmax.h): an FP8 visit takes its row maxima
-    from the scores' bit patterns, and a warp with a row whose scores are all negative so far
-    takes the fp32 maxima instead. Rows after t with only negative scores share warps with
-    ordinary rows <= t (a warp holds 16 consecutive rows): no bit of rows <= t changes against
-    a run where no row is negative. Changing Q rows changes no other row in any mask."""
+    from the largest of the scores' bit patterns, and a warp with a row whose scores are all
+    negative so far also takes the smallest. Rows after t with only negative scores share warps
+    with ordinary rows <= t (a warp holds 16 consecutive rows): no bit of rows <= t changes
+    against a run where no row is negative. Changing Q rows changes no other row in any mask."""
     s = 1024
     rows = torch.arange(s)
     q, k, v = _negative_rows(13, 2, s, 4, rows < 0)
@@ -948,10 +948,10 @@ def test_rows_with_only_negative_scores_change_no_other_row_bit(mask, t):
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("pattern", ["all", "every-third", "first-half"])
 def test_accuracy_of_rows_with_only_negative_scores(mask, pattern):
-    """Rows whose scores are all negative (the fp32 maxima of Note [Row maxima from the scores'
-    bits]) beside ordinary ones: the bound of test_accuracy_against_fp64, <= 1.5x the rules' own
-    fp64 error + 2^-8 (the running max of such a row stays negative, so a wrong choice of the
-    maxima would give it a max of -inf or below its scores: an error of order 1)."""
+    """Rows whose scores are all negative (the smallest bit patterns of Note [Row maxima from
+    the scores' bits]) beside ordinary ones: the bound of test_accuracy_against_fp64, <= 1.5x
+    the rules' own fp64 error + 2^-8 (the running max of such a row stays negative, so a wrong
+    choice of the maxima would give it a max of -inf or below its scores: an error of order 1)."""
     s = 640
     rows = torch.arange(s)
     negative = {"all": rows >= 0, "every-third": rows % 3 != 0, "first-half": rows < s // 2}

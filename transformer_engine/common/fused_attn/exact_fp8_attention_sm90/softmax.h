@@ -16,16 +16,18 @@
  * Note [Row maxima from the scores' bits]
  * An FP8 tile's scores t are finite and none is masked (every row sees the whole tile). Read as
  * signed 32-bit integers, the bit patterns of non-negative floats order as the floats do and lie
- * above those of all negative floats (sign bit set: negative integers). So the largest pattern of
- * a set with a non-negative member is that of its largest float, exactly; a negative largest
- * pattern says only that every member is negative. A row's max enters the softmax as m' =
- * max(m, row_scale * tile max): once the running max m is >= 0, a tile whose scores are all
- * negative leaves m' = m whatever their max, so -inf serves for it, and the rest of the step
- * (alpha, the exponent's bias, the huge-row formulas) sees the values the fp32 maxima give. Only
- * a row with m < 0 (or -inf: no key seen yet) whose thread holds only negative scores needs
- * the fp32 maxima; its warp then takes them (OnlineSoftmax::step). Either way each row gets the
- * bits of the fp32 maxima, so the path a warp takes, which its other rows decide, never shows in
- * a row's output. (A NaN score, from an inf or NaN input, makes its row's output NaN both ways.)
+ * above those of all negative floats (sign bit set: negative integers), whose patterns order
+ * opposite to the floats. So the largest pattern of a set with a non-negative member is that of
+ * its largest float, and the smallest pattern of a set of negative floats is that of its largest
+ * float: both exact. The thread's maxima of a row come from the largest patterns; a negative
+ * one says that all its scores of the row are negative. A row's max enters the softmax as m' =
+ * max(m, row_scale * tile max): once the running max m is >= 0, scores that are all negative
+ * leave m' = m whatever their max, so -inf serves for them, and the rest of the step (alpha,
+ * the exponent's bias, the huge-row formulas) sees the values the exact maxima give. Only a row
+ * with m < 0 (or -inf: no key seen yet) needs the max of negative scores; a warp that has such
+ * a row takes the smallest patterns too (OnlineSoftmax::step). Either way each row gets the bits
+ * of the fp32 maxima, so the path a warp takes, which its other rows decide, never shows in a
+ * row's output. (A NaN score, from an inf or NaN input, makes its row's output NaN both ways.)
  *
  * Accumulator fragments here are those of a 64 x N F32 WGMMA (cute's CLayout_64xN): thread
  * (lane q = lane % 4) holds value v = c + 2 h + 4 j at row lane / 4 + 8 h (+ 16 warp) and column
@@ -52,11 +54,6 @@ namespace sm90 {
 CUTLASS_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-
-CUTLASS_DEVICE int quad_max(int x) {
-  x = max(x, __shfl_xor_sync(0xffffffff, x, 1));
-  return max(x, __shfl_xor_sync(0xffffffff, x, 2));
 }
 
 CUTLASS_DEVICE float quad_sum(float x) {
@@ -181,6 +178,9 @@ struct OnlineSoftmax {
   // general form gives a row that is not huge the bits of the one-FFMA form (t - 0 = t).
   // turn: the warpgroups' alternation of the exponent loops (ExpTurn, kernel.h); its wait()
   // comes right before a loop of exp2 and its pass() after, on the loop's sums.
+  // The warp's path is decided on the thread's own maxima, not the quad's: a row of the warp
+  // can turn huge at this tile only if some thread's own maximum is huge (|max| over the quad
+  // is at most the largest |own max|, or all of them are -inf), or it was huge before.
   // kFp8Tile (an FP8 visit: no masked score): the row maxima come from the scores' bits (Note
   // [Row maxima from the scores' bits]) and their shuffles are issued before the warp's vote,
   // so that the two latencies overlap (in boundary visits ptxas then serialized the d = 64
@@ -191,60 +191,74 @@ struct OnlineSoftmax {
     float own_max[2];   // of the thread's own scores of each row
     float tile_max[2];  // of each row's scores in the tile: the quad's maximum of own_max
     bool maybe_huge = warp_huge;
-    bool bits_exact = true;  // the maxima from the bits serve the thread's rows
     if constexpr (kFp8Tile) {
-      int own_bits[2], row_bits[2];
-      own_max_bits(t, own_bits);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_bits[h] = quad_max(own_bits[h]);
+      int top[2];  // the largest bit pattern of the thread's scores of each row
+      own_bits_extreme<true>(t, top);
+      bool negative = false;  // a row whose max is still negative, only negative scores here
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        bits_exact &= own_bits[h] >= 0 || m[h] >= 0.0f;
-        own_max[h] = own_bits[h] >= 0 ? __int_as_float(own_bits[h]) : -INFINITY;
-        tile_max[h] = row_bits[h] >= 0 ? __int_as_float(row_bits[h]) : -INFINITY;
+        negative |= top[h] < 0 && !(m[h] >= 0.0f);
+        own_max[h] = top[h] >= 0 ? __int_as_float(top[h]) : -INFINITY;
+        tile_max[h] = quad_max(own_max[h]);
         maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
+      }
+      if (__any_sync(0xffffffff, maybe_huge || negative)) {
+        if (__any_sync(0xffffffff, negative)) {  // the exact maxima, negative ones included
+          int bottom[2];
+          own_bits_extreme<false>(t, bottom);
+          maybe_huge = warp_huge;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            own_max[h] = __int_as_float(top[h] >= 0 ? top[h] : bottom[h]);
+            tile_max[h] = quad_max(own_max[h]);
+            maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
+          }
+        }
+        if (__any_sync(0xffffffff, maybe_huge)) {
+          general_step(t, row_scale, tile_max, alpha, turn);
+          return;
+        }
       }
     } else {
       own_float_max(t, own_max);
 #pragma unroll
       for (int h = 0; h < 2; ++h) maybe_huge |= is_huge_row(own_max[h] * row_scale[h]);
-    }
-    // Decided on the thread's own maxima, not the quad's: a row of the warp
-    // can turn huge at this tile only if some thread's own maximum is huge (|max| over the quad
-    // is at most the largest |own max|, or all of them are -inf), or it was huge before.
-    if (!__any_sync(0xffffffff, maybe_huge || !bits_exact)) {
-      float bias[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float row_max = kFp8Tile ? tile_max[h] : quad_max(own_max[h]);
-        const float m_new = fmaxf(m[h], row_max * row_scale[h]);
-        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[h] = fast_exp2(m[h] - m_ref);
-        bias[h] = kLog2PScale - m_ref;
-        m[h] = m_new;
-      }
-      float sum[2] = {0.0f, 0.0f};
-      turn.wait(bias);
-#pragma unroll
-      for (int v = 0; v < 64; ++v) {
-        const int h = (v >> 1) & 1;
-        t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
-        sum[h] += t(v);
-      }
-      turn.pass(sum[0] + sum[1]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
-    } else {
-      // the warp has a row with a negative max so far and a thread with only negative scores
-      // in it: the fp32 maxima
-      const bool float_max = !kFp8Tile || !__all_sync(0xffffffff, bits_exact);
-      if (kFp8Tile && float_max) own_float_max(t, own_max);
-      if (float_max) {
+      if (__any_sync(0xffffffff, maybe_huge)) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
+        general_step(t, row_scale, tile_max, alpha, turn);
+        return;
       }
-      general_step(t, row_scale, tile_max, alpha, turn);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tile_max[h] = quad_max(own_max[h]);
     }
+    fast_step(t, row_scale, tile_max, alpha, turn);
+  }
+
+  // step() for a warp without a row that is, was or may turn huge: the one-FFMA exponent.
+  template <class Frag, class Turn>
+  CUTLASS_DEVICE void fast_step(Frag &t, float const (&row_scale)[2], float const (&tile_max)[2],
+                                float (&alpha)[2], Turn &turn) {
+    float bias[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], tile_max[h] * row_scale[h]);
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = fast_exp2(m[h] - m_ref);
+      bias[h] = kLog2PScale - m_ref;
+      m[h] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+    turn.wait(bias);
+#pragma unroll
+    for (int v = 0; v < 64; ++v) {
+      const int h = (v >> 1) & 1;
+      t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
+      sum[h] += t(v);
+    }
+    turn.pass(sum[0] + sum[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
   }
 
   // The maxima of the thread's own scores of each row, in fp32 (-inf where all are masked).
@@ -268,14 +282,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // An FP8 tile's maxima of the thread's own scores of each row as the largest of their bit
-  // patterns read as signed integers (Note [Row maxima from the scores' bits]), by the
-  // three-input integer maximum of sm_90 (VIMNMX3: two scores an instruction at FMNMX's rate of
+  // The largest (kTop) or smallest bit pattern, read as a signed integer, of the thread's scores
+  // of each row of an FP8 tile (Note [Row maxima from the scores' bits]), by the three-input
+  // integer maximum or minimum of sm_90 (VIMNMX3: two scores an instruction at FMNMX's rate of
   // one; benchmarks/attention/sm90_pipe_rates.cu): two chains of 16 scores per row. The scores
   // are read through an asm mov: with __float_as_int ptxas serialized every WGMMA of the d = 128
   // kernels (C7514).
-  template <class Frag>
-  CUTLASS_DEVICE static void own_max_bits(Frag const &t, int (&own_bits)[2]) {
+  template <bool kTop, class Frag>
+  CUTLASS_DEVICE static void own_bits_extreme(Frag const &t, int (&bits)[2]) {
+    auto pick3 = [](int a, int b, int c) {
+      return kTop ? __vimax3_s32(a, b, c) : __vimin3_s32(a, b, c);
+    };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int chain[2];
@@ -287,12 +304,12 @@ struct OnlineSoftmax {
           const int v = 4 * (c + 2 * (i >> 1)) + 2 * h + (i & 1);
           asm volatile("mov.b32 %0, %1;" : "=r"(x[i]) : "f"(t(v)));
         }
-        int r = __vimax3_s32(x[0], x[1], x[2]);
+        int r = pick3(x[0], x[1], x[2]);
 #pragma unroll
-        for (int i = 3; i + 1 < 16; i += 2) r = __vimax3_s32(r, x[i], x[i + 1]);
-        chain[c] = max(r, x[15]);
+        for (int i = 3; i + 1 < 16; i += 2) r = pick3(r, x[i], x[i + 1]);
+        chain[c] = kTop ? max(r, x[15]) : min(r, x[15]);
       }
-      own_bits[h] = max(chain[0], chain[1]);
+      bits[h] = kTop ? max(chain[0], chain[1]) : min(chain[0], chain[1]);
     }
   }
 
