@@ -270,6 +270,21 @@ def test_few_ctas_walking_many_tiles_give_the_same_bits(monkeypatch, ctas):
 # -------------------------------------------------------------------- accuracy
 
 
+def _assert_within_fp64_bound(out, q, k, v, mask):
+    """The Triton kernel's bound (test_exact_fp8_attention.py::test_accuracy_against_fp64) on a
+    bshd call: relative Frobenius error of `out` vs the unquantized fp64 reference <= 1.5x the
+    error of the fork's rules in fp64 ("fork-current", rules v2) + one bf16 ulp. Returns the two
+    references (CPU)."""
+    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
+    kw = dict(qkv_format="bshd", attn_mask_type=mask)
+    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
+    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
+    err = rel_frobenius_error(out.cpu(), truth.out)
+    ref_err = rel_frobenius_error(fork.out, truth.out)
+    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    return truth, fork
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -282,14 +297,7 @@ def test_accuracy_against_fp64(mask, shape, dtype):
     q, k, v = _inputs(5, *shape, dtype=dtype)
     out, lse = _cuda(q, k, v, mask)
     assert out.dtype == dtype and out.shape == q.shape
-    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
-    truth = reference_attention("bf16", q_c, k_c, v_c, qkv_format="bshd", attn_mask_type=mask)
-    fork = reference_attention(
-        "fork-current", q_c, k_c, v_c, qkv_format="bshd", attn_mask_type=mask
-    )
-    err = rel_frobenius_error(out.cpu(), truth.out)
-    ref_err = rel_frobenius_error(fork.out, truth.out)
-    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    truth, fork = _assert_within_fp64_bound(out, q, k, v, mask)
     finite = torch.isfinite(truth.lse)
     assert torch.equal(torch.isfinite(lse.cpu()), finite)
     torch.testing.assert_close(
@@ -308,13 +316,7 @@ def test_accuracy_of_long_rows_with_a_common_v_offset(mask):
     q, k, v = (torch.randn(1, 4096, 2, 128, generator=gen) for _ in range(3))
     q, k, v = q.bfloat16().cuda(), k.bfloat16().cuda(), (v + 4.0).bfloat16().cuda()
     out, _ = _cuda(q, k, v, mask)
-    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
-    kw = dict(qkv_format="bshd", attn_mask_type=mask)
-    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
-    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
-    err = rel_frobenius_error(out.cpu(), truth.out)
-    ref_err = rel_frobenius_error(fork.out, truth.out)
-    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    _assert_within_fp64_bound(out, q, k, v, mask)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -957,13 +959,7 @@ def test_accuracy_of_rows_with_only_negative_scores(mask, pattern):
     negative = {"all": rows >= 0, "every-third": rows % 3 != 0, "first-half": rows < s // 2}
     q, k, v = _negative_rows(14, 1, s, 2, negative[pattern])
     out, lse = _cuda(q, k, v, mask)
-    q_c, k_c, v_c = (x.cpu() for x in (q, k, v))
-    kw = dict(qkv_format="bshd", attn_mask_type=mask)
-    truth = reference_attention("bf16", q_c, k_c, v_c, **kw)
-    fork = reference_attention("fork-current", q_c, k_c, v_c, **kw)
-    err = rel_frobenius_error(out.cpu(), truth.out)
-    ref_err = rel_frobenius_error(fork.out, truth.out)
-    assert err <= 1.5 * ref_err + 2.0**-8, f"error {err:.3e} vs the reference rules' {ref_err:.3e}"
+    truth, fork = _assert_within_fp64_bound(out, q, k, v, mask)
     finite = torch.isfinite(truth.lse)
     torch.testing.assert_close(
         lse.cpu()[finite].double(), fork.lse[finite], rtol=2.0**-8, atol=2.0**-6
