@@ -16,6 +16,12 @@ h = 64, h_kv = 8 at s = 8k, 16k. Entries:
                   Float8CurrentScaling(fp8_dpa=True) (the fork's mask-exact path), autocast off,
                   and DelayedScaling(fp8_dpa=True) (upstream's per-tensor cuDNN FP8 SDPA); only
                   where transformer_engine imports
+  "cuda profiled", "te fork kernel", "te delayed kernel"  the longest GPU kernel of "cuda" / "te
+                  fork" / "te delayed" alone (the attention kernel: the fork's, the fork's
+                  through TE, cuDNN's per-tensor FP8 SDPA), its duration as the CUDA profiler
+                  records it (testing.gpu_kernel_ms; the JSON names the kernel). cuDNN's kernel
+                  cannot be called without its casts, so it is compared with "cuda profiled",
+                  the fork's kernel timed the same way
 FLOPs (causal, as issue 20 counts them) = 2*b*h*s*s*d; TFLOPS = FLOPs / time. Timing
 (--timing): "queued" (the default since 2026-12-06), the GPU time per call of 10 calls queued
 behind a sleep kernel, the host ahead of the GPU as in a training step and as TE's table
@@ -50,6 +56,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
     kernels,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
+    gpu_kernel_ms,
     gpu_ms_per_call,
     gpu_ms_queued,
 )
@@ -63,7 +70,13 @@ SHAPES = [(2, 16, 16, 4096), (2, 16, 16, 8192), (2, 16, 16, 16384), (1, 64, 8, 8
           (1, 64, 8, 16384)]  # fmt: skip
 ENTRIES = ("cuda", "cuda kernel", "kernel all-fp8", "quantize", "triton", "sdpa flash")
 ENTRIES += ("sdpa cudnn", "te fork")
-ENTRIES += ("te bf16", "te delayed")
+ENTRIES += ("te bf16", "te delayed", "cuda profiled", "te fork kernel", "te delayed kernel")
+KERNEL_OF = {
+    "cuda profiled": "cuda",
+    "te fork kernel": "te fork",
+    "te delayed kernel": "te delayed",
+}
+"""Entries timed as one kernel of another entry's call (gpu_kernel_ms)."""
 
 
 def _entries(q, k, v):
@@ -130,20 +143,21 @@ def causal_inputs(shape):
     gen = torch.Generator(device="cuda").manual_seed(s)
     q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
     k, v = (
-        torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-        for _ in range(2)
+        torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16() for _ in range(2)
     )
     return q, k, v
 
 
 def speed_table(rounds: int, only, timing: str):
     time_call = TIMINGS[timing]
-    results, skipped = {}, {}
+    results, skipped, kernel_names = {}, {}, {}
     for shape in SHAPES:
         b, h, h_kv, s = shape
         q, k, v = causal_inputs(shape)
+        entries = _entries(q, k, v)
+        entries.update({name: entries[of] for name, of in KERNEL_OF.items() if of in entries})
         runnable = {}
-        for name, fn in _entries(q, k, v).items():
+        for name, fn in entries.items():
             if only is not None and name not in only:
                 continue
             try:
@@ -157,14 +171,18 @@ def speed_table(rounds: int, only, timing: str):
         names = list(runnable)
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                times[name].append(time_call(runnable[name]))
+                if name in KERNEL_OF:
+                    kernel_names[f"{name} {shape}"], ms = gpu_kernel_ms(runnable[name])
+                    times[name].append(ms)
+                else:
+                    times[name].append(time_call(runnable[name]))
         flops = 2 * b * h * s * s * HEAD_DIM
         for name, t in times.items():
             ms = statistics.median(t)
             results[(shape, name)] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
         del q, k, v, runnable
         torch.cuda.empty_cache()
-    return results, skipped
+    return results, skipped, kernel_names
 
 
 def markdown(results, rounds, timing: str) -> str:
@@ -173,8 +191,9 @@ def markdown(results, rounds, timing: str) -> str:
         f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
         f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds; timing: {timing})",
         "",
-        "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa | exactness cost |",
-        "|---|" + "---|" * (len(entries) + 2),
+        "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa | exactness cost"
+        " | cuda / cudnn fp8 kernel | cuda profiled / cudnn fp8 kernel |",
+        "|---|" + "---|" * (len(entries) + 4),
     ]
     for shape in SHAPES:
         cells = []
@@ -189,9 +208,18 @@ def markdown(results, rounds, timing: str) -> str:
             (shape, "kernel all-fp8")
         )
         cost = f"{kernel['ms'] / all_fp8['ms'] - 1:+.1%}" if kernel and all_fp8 else "-"
+        cudnn = results.get((shape, "te delayed kernel"))
+        profiled = results.get((shape, "cuda profiled"))
+        to_cudnn = [
+            f"{cudnn['ms'] / r['ms']:.2f}x" if cudnn and r else "-" for r in (cuda, profiled)
+        ]
         b, h, h_kv, s = shape
         lines.append(
-            f"| {b}, {h}, {h_kv}, {s // 1024}k | " + " | ".join(cells) + f" | {ratio} | {cost} |"
+            f"| {b}, {h}, {h_kv}, {s // 1024}k | "
+            + " | ".join(cells)
+            + f" | {ratio} | {cost} | "
+            + " | ".join(to_cudnn)
+            + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -214,7 +242,7 @@ def main():
     if not kernels.backend_available("cuda"):
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
-    results, skipped = speed_table(args.rounds, only, args.timing)
+    results, skipped, kernel_names = speed_table(args.rounds, only, args.timing)
     table = markdown(results, args.rounds, args.timing)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_forward.md").write_text(table)
@@ -223,6 +251,7 @@ def main():
         timing=args.timing,
         results=[dict(shape=list(shape), entry=name, **r) for (shape, name), r in results.items()],
         skipped=skipped,
+        kernels=kernel_names,
     )
     (args.out / "sm90_forward.json").write_text(json.dumps(payload, indent=2))
     print(table, end="")

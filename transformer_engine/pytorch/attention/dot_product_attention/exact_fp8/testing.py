@@ -3,14 +3,14 @@
 import dataclasses
 import statistics
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Iterable, List, Tuple
 
 import torch
 
 __all__ = [
     "prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference",
     "host_us_per_call", "LEAKY_CP_RULES", "leaky_cp_quantizer", "one_hot_self_scores",
-    "HUGE_ROW_SCALES",
+    "HUGE_ROW_SCALES", "longest_kernel", "gpu_kernel_ms",
 ]  # fmt: skip
 
 
@@ -150,6 +150,35 @@ def gpu_ms_queued(fn: Callable[[], object], warmup: int = 5, calls: int = 10) ->
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / calls
+
+
+def longest_kernel(kernels: Iterable[Tuple[str, float]], calls: int) -> Tuple[str, float]:
+    """The kernel name with the most device time among (name, microseconds) records of `calls`
+    calls, and its milliseconds per call: a library call's attention kernel apart from the casts
+    and copies launched around it."""
+    totals = {}
+    for name, us in kernels:
+        totals[name] = totals.get(name, 0.0) + us
+    if not totals:
+        raise ValueError("no GPU kernel was recorded")
+    name = max(totals, key=totals.get)
+    return name, totals[name] / calls / 1e3
+
+
+def gpu_kernel_ms(fn: Callable[[], object], warmup: int = 3, calls: int = 10) -> Tuple[str, float]:
+    """fn's longest GPU kernel (longest_kernel) and its ms per call, from the kernel durations
+    the CUDA profiler records (torch.profiler) over `calls` calls: the time of a library's
+    attention kernel alone when it can only be called with its casts (TE's DelayedScaling)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    records = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda]
+    return longest_kernel(records, calls)
 
 
 def leaky_cp_quantizer(rule: str, v_global: torch.Tensor, cp_size: int, qkv_format: str):
