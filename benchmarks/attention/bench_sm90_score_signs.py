@@ -7,11 +7,10 @@ the scores' bits]); a warp holding a row whose running max is still negative als
 smallest patterns, on every visit while that lasts. This measures what that costs on the inputs
 that take it everywhere. Input families (b = 2, h = 16, s = 8k, d = 128, bshd bf16):
   "ordinary"       Q, K, V ~ N(0, 1): every row's running max turns positive at its first tile
-  "negative rows"  the scores negative (Q's channel 0 at -8 against K's channel 0 shifted by
-                   +6, Q's other channels scaled by 0.3: q.k ~ N(-48, 8.7^2), positive about
-                   once in 10^8): every warp takes the fallback at every visit
-  "mixed rows"     the same for every 16th query row only: one such row puts its whole warp
-                   on the fallback
+  "negative rows"  every row's scores negative (testing.negative_score_inputs): every warp
+                   takes the fallback at every visit
+  "mixed rows"     the same for every 16th query row only, the others of either sign: one such
+                   row puts its whole warp on the fallback
 Entries: "cuda" (Q/K/V quantization included) and "cuda kernel" (operands quantized
 beforehand), causal and no mask, timed as bench_sm90_forward.py's queued timing
 (testing.gpu_ms_queued), round-robin --rounds times, medians. The table gives ms and the ratio
@@ -40,6 +39,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8 import
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402
     gpu_ms_queued,
+    negative_score_inputs,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.cuda import (  # noqa: E402
     attention as cuda_attention,
@@ -53,14 +53,12 @@ ENTRIES = ("cuda", "cuda kernel")
 
 def score_sign_inputs(family: str, shape=SHAPE, seed: int = 0, device: str = "cuda"):
     """Q, K, V [b, s, h, d] bf16 of one family (module docstring)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
-    if family != "ordinary":
-        q *= 0.3
-        k[..., 0] += 6.0
-        rows = slice(None) if family == "negative rows" else slice(None, None, 16)
-        q[:, rows, :, 0] = -8.0
-    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+    if family == "ordinary":
+        gen = torch.Generator(device=device).manual_seed(seed)
+        q, k, v = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
+        return q.bfloat16(), k.bfloat16(), v.bfloat16()
+    rows = slice(None) if family == "negative rows" else slice(None, None, 16)
+    return negative_score_inputs(shape, rows, seed, device)
 
 
 def _entries(q, k, v, mask: str):

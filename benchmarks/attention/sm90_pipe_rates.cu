@@ -1,8 +1,9 @@
 // Issue rates of the instructions the sm90 forward's softmax is made of, per SM sub-partition
 // (benchmarks/results/attention_forward_sm90.md, 2026-12-05 23:40 UTC and 2026-12-06 11:20 UTC):
 // MUFU.EX2 (f32, f16x2, bf16x2), the E4M3 and f16 pair conversions, FMNMX, FMUL, FFMA, HADD2, the
-// two- and three-input integer maxima (IMNMX, VIMNMX3), alone and beside another warp's stream. 132 blocks (one per SM, all loaded alike) of 4 or 8 warps: warps 0-3 (one per
-// sub-partition) run op a, warps 4-7 op b; each thread runs 16 independent chains of 512 steps.
+// two- and three-input integer maxima (IMNMX, VIMNMX3), alone and beside another warp's stream.
+// 132 blocks (one per SM, all loaded alike) of 4 or 8 warps: warps 0-3 (one per sub-partition)
+// run op a, warps 4-7 op b; each thread runs 16 independent chains of 512 steps.
 // A role's rate is block 0's warps' instructions over their clock64() cycles.
 //
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o pipes sm90_pipe_rates.cu && ./pipes

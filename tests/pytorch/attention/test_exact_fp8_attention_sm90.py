@@ -23,6 +23,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.refere
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
     HUGE_ROW_SCALES,
+    negative_score_inputs,
     one_hot_self_scores,
     rel_frobenius_error,
 )
@@ -915,16 +916,9 @@ def test_huge_future_rows_change_no_earlier_bit(t):
 
 
 def _negative_rows(seed, b, s, h, negative):
-    """Q, K, V on the GPU whose scores are all negative in the rows `negative` ([s] bool; Q's
-    first feature -8 against K's +6 on top of N(0, 1): every q . k about -48, sd ~9), of either
-    sign elsewhere (Q ~ N(0, 0.3^2))."""
-    gen = torch.Generator().manual_seed(seed)
-    q = 0.3 * torch.randn(b, s, h, 128, generator=gen)
-    k = torch.randn(b, s, h, 128, generator=gen)
-    v = torch.randn(b, s, h, 128, generator=gen)
-    k[..., 0] += 6.0
-    q[:, negative, :, 0] = -8.0
-    return q.bfloat16().cuda(), k.bfloat16().cuda(), v.bfloat16().cuda()
+    """testing.negative_score_inputs [b, s, h, 128] on the GPU: the scores of the rows `negative`
+    ([s] bool) all negative, of either sign elsewhere."""
+    return tuple(x.cuda() for x in negative_score_inputs((b, s, h, 128), negative, seed))
 
 
 @pytest.mark.parametrize("mask", ["no_mask", "causal"])

@@ -10,7 +10,7 @@ import torch
 __all__ = [
     "prefix_change", "rel_frobenius_error", "cosine_similarity", "aligned_columns_reference",
     "host_us_per_call", "LEAKY_CP_RULES", "leaky_cp_quantizer", "one_hot_self_scores",
-    "HUGE_ROW_SCALES", "longest_kernel", "gpu_kernel_ms",
+    "HUGE_ROW_SCALES", "negative_score_inputs", "longest_kernel", "gpu_kernel_ms",
 ]  # fmt: skip
 
 
@@ -150,6 +150,23 @@ def gpu_ms_queued(fn: Callable[[], object], warmup: int = 5, calls: int = 10) ->
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / calls
+
+
+def negative_score_inputs(
+    shape: Tuple[int, int, int, int], negative_rows, seed: int = 0, device: str = "cpu"
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V [b, s, h, d] bf16 whose scores are all negative in the query rows `negative_rows`
+    (an index or an [s] bool mask along s) and of either sign elsewhere: N(0, 1) draws (Q, K, V
+    in turn from one generator), Q scaled by 0.3, K's feature 0 shifted by +6 and Q's feature 0
+    set to -8 in those rows, so that there q . k ~ N(-48, 8.7^2), positive about once in 10^8.
+    Rows that stay negative take the sm90 forward's fallback for the row maxima (softmax.h, Note
+    [Row maxima from the scores' bits]): the tests' and the score-sign benchmark's inputs."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
+    q *= 0.3
+    k[..., 0] += 6.0
+    q[:, negative_rows, :, 0] = -8.0
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
 def longest_kernel(kernels: Iterable[Tuple[str, float]], calls: int) -> Tuple[str, float]:
