@@ -11,6 +11,10 @@
 //     SmemLayoutV16, addressed through cute's swizzled smem pointer as the TMA and WGMMA
 //     partitions address it, lies in the 128-byte row that zero_v_tail zeroes, and the rows of
 //     different pairs differ;
+//   * k_scale_slot (kernel_traits.h): a permutation of a stage's 128 K scales whose slots the
+//     producer's lanes write as two 8-byte pairs each, and where each consumer thread's 16-byte
+//     word J (ScoreScales::scale_word, softmax.h) holds the scales of the keys that cute's
+//     partition of S gives its values 8 J .. 8 J + 7, for every thread of the tiled MMA;
 //   * TileCoord::decode (tile_scheduler.h), the persistent grid's work items: every query tile
 //     of every (sequence, head) that has rows to write is one item, the others (past a thd
 //     sequence's allocation) decode to q_tile -1; under a causal mask each (sequence, head)'s
@@ -183,6 +187,38 @@ void check_v16_rows() {
   }
 }
 
+// The K scales' order in shared memory: the producer's stores and every consumer thread's loads.
+void check_k_scale_slots() {
+  std::set<int> slots;
+  for (int key = 0; key < kKVTile; ++key) slots.insert(k_scale_slot(key));
+  if (slots.size() != kKVTile || *slots.begin() != 0 || *slots.rbegin() != kKVTile - 1) {
+    if (bad++ < 10) std::printf("k_scale_slot: not a permutation of 0..127\n");
+  }
+  for (int lane = 0; lane < 32; ++lane) {  // mainloop.h: keys 4 lane + {0, 1} and + {2, 3}
+    for (int pair = 0; pair < 2; ++pair) {
+      const int key = 4 * lane + 2 * pair, slot = k_scale_slot(key);
+      if ((slot % 2 != 0 || k_scale_slot(key + 1) != slot + 1) && bad++ < 10) {
+        std::printf("k_scale_slot: keys %d, %d not in one aligned pair\n", key, key + 1);
+      }
+    }
+  }
+  using Traits = KernelTraits<128>;
+  typename Traits::MmaQK mma;
+  for (int thread = 0; thread < kMmaThreads; ++thread) {
+    Tensor tScS = mma.get_thread_slice(thread).partition_C(
+        make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
+    const int base = 2 * get<1>(tScS(0));  // ScoreScales::scale_word's offset in a word
+    for (int v = 0; v < 64; ++v) {  // value v = 8 J + i reads float i of word J, as apply_fp8
+      const int i = v % 8, slot = 16 * (v / 8) + base + (i & 1) + 2 * (i >> 2);
+      const int key = get<1>(tScS(v));
+      if (k_scale_slot(key) != slot && bad++ < 10) {
+        std::printf("k scales: thread %d value %d (key %d) reads slot %d, its key's is %d\n",
+                    thread, v, key, slot, k_scale_slot(key));
+      }
+    }
+  }
+}
+
 // The work items of a launch over sequences of real lengths lens (thd when `thd`: packed with
 // allocations of lens[n] + pads[n] rows, the grid covering the longest real one; else dense
 // samples of seqlen rows), heads heads, mask `causal` (the C API's).
@@ -299,6 +335,7 @@ int main() {
       }
     }
   }
+  check_k_scale_slots();
   check_v16_rows<64>();
   check_v16_rows<128>();
   for (int causal = 0; causal < 3; ++causal) {

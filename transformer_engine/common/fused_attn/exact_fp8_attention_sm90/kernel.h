@@ -21,7 +21,10 @@
  *       an FP8 tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a
  *       fresh accumulator -> factor(v) = alpha(v) * (u / s(v)), u <- s(v) (Note [V scale in
  *       the rescale]), under T(v)
- *     (Note [Two-level P.V accumulation]). A warpgroup's GEMMs run one at a time; the other
+ *     (Note [Two-level P.V accumulation]). At d = 128 the FP8 tiles are visited two at a
+ *     time, 256 keys (Consumer::run, visit_pair): S of both, one softmax, then T of each in
+ *     turn, each added with its own chunk's factor; an odd last FP8 tile is visited alone. A warpgroup's GEMMs
+ *     run one at a time, except the two S products of a 256-key visit; the other
  *     warpgroup's softmax fills the tensor cores' gaps. The two take turns at their loops of
  *     exp2 (ExpTurn), which keep the MUFU units busy.
  * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
@@ -118,6 +121,8 @@ struct Consumer {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutRows{});
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
+    // S of a 256-key visit's second tile (visit_pair)
+    Tensor tSrS2 = partition_fragment_C(mma_qk, Shape<Int<kQTile>, Int<kKVTile>>{});
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kQTile>, Int<kKVTile>>{}));
     // O in fp32, never a WGMMA accumulator (Note [Two-level P.V accumulation]); a tile's
     // P.V product T at d = 128 lands in tSrS, the registers of its scores (free once P is in its
@@ -141,6 +146,8 @@ struct Consumer {
     Tensor tOrP8 = make_tensor(
         make_rmem_ptr(reinterpret_cast<typename Traits::Fp8 *>(raw_pointer_cast(tOrP16.data()))),
         partition_shape_A(mma_pv8, Shape<Int<kQTile>, Int<kKVTile>>{}));
+    // A 256-key visit's second tile's E4M3 P: the second half of the 16-bit P registers.
+    Tensor tOrP8b = make_tensor(tOrP8.data() + size(tOrP8), tOrP8.layout());
     static_assert(decltype(size(tSrS))::value == 64 &&
                   decltype(size(tOrO))::value == kHeadDim / 2);
     clear(tOrO);
@@ -209,7 +216,7 @@ struct Consumer {
       }
     };
     // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
-    auto visit_step = [&](int visit, auto boundary) {
+    auto visit_step = [&](int visit, auto boundary) __attribute__((always_inline)) {
       const int stage = (first + visit) % kStages;
       Barrier::wait(&ss.bar_k_full[stage], ((first + visit) / kStages) & 1);
       constexpr bool kBoundary = decltype(boundary)::value;
@@ -234,6 +241,55 @@ struct Consumer {
       set_factor(visit, alpha, s_kt);
     };
 
+    // Visits visit and visit + 1, two FP8 tiles, as one 256-key visit (docs/
+    // attention_kernel_sm90.md, item 15): O += P.V(visit - 1); S of both tiles issued back to
+    // back; one softmax over their 256 keys (one row maximum, one exponent loop and turn);
+    // both P converted to E4M3; then the two P.V products one after the other, each chunk with
+    // its own V scale (O = (O * factor_a + T_a) * factor_b + T_b, Note [V scale in the
+    // rescale]), T_a added to O before T_b is issued into the same registers: S of 256 keys, O
+    // and P leave no room for two products in flight. The tile pairs are fixed by the mask's
+    // geometry (KVTileRange), never by a value.
+    auto visit_pair = [&](int visit) __attribute__((always_inline)) {
+      const int stage_a = (first + visit) % kStages, stage_b = (first + visit + 1) % kStages;
+      Barrier::wait(&ss.bar_k_full[stage_a], ((first + visit) / kStages) & 1);
+      const float s_a = v_scale(stage_a, false);
+      add_pv(visit - 1);
+      issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage_a], tSrS, mma_thread);
+      Barrier::wait(&ss.bar_k_full[stage_b], ((first + visit + 1) / kStages) & 1);
+      const float s_b = v_scale(stage_b, false);
+      issue_scores_gemm<Traits>(mma_qk, tSrQ, ss.k[stage_b], tSrS2, mma_thread);
+      // The first tile's K scales are applied while the second tile's S is computed (taking
+      // its scores' top bit patterns there too measured slower, 2026-12-06).
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      ScoreScales::apply_fp8(tSrS, tScS, ss.k_scale[stage_a]);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS2);
+      ScoreScales::apply_fp8(tSrS2, tScS, ss.k_scale[stage_b]);
+      release(&ss.bar_k_empty[stage_a]);
+      release(&ss.bar_k_empty[stage_b]);
+      const bool last = visit + 2 == range.num_tiles();
+      if (last) release(&ss.bar_q_empty);
+      turn.last = last;
+      float alpha[2];
+      FragPair<decltype(tSrS), decltype(tSrS2)> s_pair{tSrS, tSrS2};
+      softmax.template step<true>(s_pair, scales.row_scale, alpha, turn);
+      p_to_fp8_operand(tSrS, tOrP8);
+      p_to_fp8_operand(tSrS2, tOrP8b);
+      Barrier::wait(&ss.bar_v_full[stage_a], ((first + visit) / kStages) & 1);
+      issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutVt>(
+          mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage_a]), tOrP8, tOrT,
+          mma_thread);
+      set_factor(visit, alpha, s_a);
+      add_pv(visit);
+      Barrier::wait(&ss.bar_v_full[stage_b], ((first + visit + 1) / kStages) & 1);
+      issue_pv_gemm<typename Traits::MmaPV8, typename Traits::SmemLayoutVt>(
+          mma_pv8, reinterpret_cast<typename Traits::Fp8 *>(ss.v[stage_b]), tOrP8b, tOrT,
+          mma_thread);
+      const float one[2] = {1.0f, 1.0f};
+      set_factor(visit + 1, one, s_b);
+    };
+
     if (q_tile == 0) store_rows_past_grid<kHeadDim>(p, seq, head, mma_thread);  // thd padding
     const int num_tiles = range.num_tiles();
     if (num_tiles == 0) {  // no real row sees a key: zeros and -inf
@@ -247,9 +303,12 @@ struct Consumer {
     const int num_boundary = range.num_boundary();
     if (num_boundary == 0) clear(tOrT);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
-    for (int visit = num_boundary; visit < num_tiles; ++visit) {
-      visit_step(visit, cute::false_type{});
+    // 256-key visits at d = 128 only (measured there; d = 64 keeps 128-key visits)
+    int visit = num_boundary;
+    if constexpr (kHeadDim == 128) {
+      for (; visit + 1 < num_tiles; visit += 2) visit_pair(visit);
     }
+    for (; visit < num_tiles; ++visit) visit_step(visit, cute::false_type{});
     add_pv(num_tiles - 1);
     store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
   }
@@ -320,7 +379,8 @@ CUTLASS_DEVICE void zero_tails(AttentionParams const &p, typename Traits::Shared
 template <class Traits, bool kFp8VEverywhere, class Element>
 CUTLASS_DEVICE void consume(AttentionParams const &p, typename Traits::SharedStorage &ss,
                             TileRing ring) {
-  for_each_tile(ring, p, [&](TileEntry const &e, Sequence const &seq, TileCoord const &c) {
+  for_each_tile(ring, p, [&](TileEntry const &e, Sequence const &seq, TileCoord const &c)
+                             __attribute__((always_inline)) {
     Consumer<Traits, kFp8VEverywhere, Element> consumer{
         p, seq, ss, static_cast<int>(thread_index_per_tile()) - 128, c.head, c.q_tile};
     consumer.run(kv_tile_range(p, seq, c.q_tile), e.first, e.q_parity);

@@ -42,10 +42,12 @@ constexpr int kWarpgroups = 2;                          // consumer warpgroups (
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
 // setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
-// geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24; the consumers
-// compile without spills down to 224 (checked with ptxas, 2026-12-05).
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+// geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24; the consumers'
+// 256-key visits (kernel.h, d = 128: S of two tiles and O) need every register they can get:
+// at 232 / 40 ptxas spilled O around the S wait and the kernel ran 3 % slower (H100,
+// 2026-12-06; docs/attention_kernel_sm90.md, item 15).
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
 constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
 // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
 // 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
@@ -55,6 +57,15 @@ static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
               "setmaxnreg: producer + consumer registers exceed the CTA's launch allocation");
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
+
+// Where a stage's K scale of key `key` (0..127) lies in SharedStorage::k_scale: in the order
+// the consumer threads apply them. Thread lane q (= lane % 4) of a quad holds the keys
+// 8 j + 2 q + {0, 1} of value group j (softmax.h); the four scales of groups j = 2 J and 2 J + 1
+// share the 16-byte word 4 J + q, so that a thread reads them with one 16-byte load
+// (ScoreScales::load, apply_fp8).
+CUTLASS_HOST_DEVICE constexpr int k_scale_slot(int key) {
+  return ((key / 16) * 4 + (key % 8) / 2) * 4 + ((key / 8) % 2) * 2 + key % 2;
+}
 
 // A published work item of the persistent forward (tile_scheduler.h): the item, or -1 at the
 // end of the CTA's walk, and where the CTA's rings stand when its query tile starts.
@@ -132,7 +143,8 @@ struct KernelTraits : ElementTypes {
     alignas(1024) Fp8 q[kFp8TileBytes];
     alignas(1024) Fp8 k[kStages][kFp8TileBytes];
     alignas(1024) uint8_t v[kStages][kV16TileBytes];  // V8^T (first half) or 16-bit V
-    alignas(16) float k_scale[kStages][kKVTile];       // [128] fp32 per stage: the K8 tile's scales
+    // [128] fp32 per stage: the K8 tile's scales, key n at k_scale_slot(n)
+    alignas(16) float k_scale[kStages][kKVTile];
     float v_scale[kStages];                            // per stage: the V chunk's scale (FP8 tile)
     alignas(8) uint64_t bar_q;                  // Q8 arrived (TMA transaction bytes)
     alignas(8) uint64_t bar_q_empty;            // every consumer thread is done with the Q8

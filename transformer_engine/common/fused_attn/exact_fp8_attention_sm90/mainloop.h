@@ -182,7 +182,11 @@ struct Producer {
         if (first > 0) Barrier::wait(&ss.bar_q_empty, at.q_parity ^ 1u);
         load_q(head, q_tile);
       }
-      *reinterpret_cast<float4 *>(&ss.k_scale[stage][4 * lane]) = scales;
+      // keys 4 lane + {0, 1} and 4 lane + {2, 3}: two pairs of adjacent slots
+      *reinterpret_cast<float2 *>(&ss.k_scale[stage][k_scale_slot(4 * lane)]) =
+          make_float2(scales.x, scales.y);
+      *reinterpret_cast<float2 *>(&ss.k_scale[stage][k_scale_slot(4 * lane + 2)]) =
+          make_float2(scales.z, scales.w);
       const bool fp8_v = kFp8VEverywhere || range.is_fp8(kt);
       if (lane == 0) ss.v_scale[stage] = fp8_v ? chunk_scale : 1.0f;
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_k_full[stage]);  // release: the stores above

@@ -101,16 +101,37 @@ struct ScoreScales {
   }
 
   // The K scales of the thread's 32 keys of a tile (keys 8 j + 2 q + {0, 1}, j = 0..15), from
-  // k_scale: [128] fp32 in shared memory (0 past s_kv). Loaded before the scores are waited
-  // for, so that the shared-memory latency hides behind the Q.K^T WGMMA.
+  // k_scale: [128] fp32 in shared memory, key n at k_scale_slot(n) (0 past s_kv). Loaded before
+  // the scores are waited for, so that the shared-memory latency hides behind the Q.K^T WGMMA.
   struct KeyScales {
     float2 pair[16];
   };
+  // The 16-byte word of groups j = 2 J, 2 J + 1 (k_scale_slot; get<1>(tScS(0)) = 2 q).
+  template <class CoordS>
+  CUTLASS_DEVICE static float4 scale_word(CoordS const &tScS, float const *k_scale, int J) {
+    return *reinterpret_cast<float4 const *>(k_scale + 16 * J + 2 * get<1>(tScS(0)));
+  }
   template <class CoordS>
   CUTLASS_DEVICE static void load(KeyScales &ks, CoordS const &tScS, float const *k_scale) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      ks.pair[j] = *reinterpret_cast<float2 const *>(k_scale + get<1>(tScS(4 * j)));
+    for (int J = 0; J < 8; ++J) {
+      const float4 w = scale_word(tScS, k_scale, J);
+      ks.pair[2 * J] = make_float2(w.x, w.y);
+      ks.pair[2 * J + 1] = make_float2(w.z, w.w);
+    }
+  }
+
+  // tSrS: the raw scores of an FP8 tile -> t, each K scale read from k_scale ([128] fp32 in
+  // shared memory) as it is applied: a 256-key visit holds S of two tiles and has no registers
+  // left to load the scales ahead.
+  template <class FragS, class CoordS>
+  CUTLASS_DEVICE static void apply_fp8(FragS &tSrS, CoordS const &tScS, float const *k_scale) {
+#pragma unroll
+    for (int J = 0; J < 8; ++J) {
+      const float4 w = scale_word(tScS, k_scale, J);
+      const float ks[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) tSrS(8 * J + i) *= ks[(i & 1) + 2 * (i >> 2)];
     }
   }
 
@@ -135,6 +156,26 @@ struct ScoreScales {
       }
     }
   }
+};
+
+// The S fragments of a 256-key visit (two FP8 tiles, kernel.h) read as one fragment of 128
+// values: value v < 64 is value v of the first tile's, v >= 64 value v - 64 of the second's (the
+// same row half (v >> 1) & 1). Its indices are compile-time constants once the loops unroll.
+template <class FragA, class FragB>
+struct FragPair {
+  FragA &a;
+  FragB &b;
+  CUTLASS_DEVICE float &operator()(int v) const { return v < 64 ? a(v) : b(v - 64); }
+};
+
+// The number of values a thread holds of a score fragment: 64 of a 64 x 128 tile, 128 of a pair.
+template <class Frag>
+struct FragValues {
+  static constexpr int value = decltype(size(std::declval<Frag &>()))::value;
+};
+template <class FragA, class FragB>
+struct FragValues<FragPair<FragA, FragB>> {
+  static constexpr int value = 128;
 };
 
 // A row whose running max m reaches this magnitude (log2 units) is a huge row: it subtracts its
@@ -162,7 +203,8 @@ struct OnlineSoftmax {
     warp_huge = false;
   }
 
-  // t: the 64 column-scaled scores of a 64 x 128 fragment (-inf where masked), overwritten
+  // t: the column-scaled scores of a 64 x 128 fragment, or of two (a 256-key visit, kernel.h;
+  // 64 or 128 values, -inf where masked), overwritten
   // with p; row_scale: of the thread's two rows (ScoreScales). Returns alpha of each row.
   //
   // The one-FFMA exponent fma(t, row_scale, 8 - m_ref) gives the row's largest score 8 + e,
@@ -187,7 +229,7 @@ struct OnlineSoftmax {
   // kernels' WGMMAs, C7511). The same bits as the fp32 maxima give.
   template <bool kFp8Tile, class Frag, class Turn>
   CUTLASS_DEVICE void step(Frag &t, float const (&row_scale)[2], float (&alpha)[2], Turn &turn) {
-    static_assert(decltype(size(t))::value == 64, "a 64 x 128 F32 accumulator fragment");
+    static_assert(FragValues<Frag>::value % 64 == 0, "64 x 128 F32 accumulator fragments");
     float own_max[2];   // of the thread's own scores of each row
     float tile_max[2];  // of each row's scores in the tile: the quad's maximum of own_max
     bool maybe_huge = warp_huge;
@@ -251,7 +293,7 @@ struct OnlineSoftmax {
     float sum[2] = {0.0f, 0.0f};
     turn.wait(bias);
 #pragma unroll
-    for (int v = 0; v < 64; ++v) {
+    for (int v = 0; v < FragValues<Frag>::value; ++v) {
       const int h = (v >> 1) & 1;
       t(v) = fast_exp2(fmaf(t(v), row_scale[h], bias[h]));
       sum[h] += t(v);
@@ -272,7 +314,7 @@ struct OnlineSoftmax {
       for (int i = 0; i < 4; ++i) part[h][i] = -INFINITY;
     }
 #pragma unroll
-    for (int v = 0; v < 64; ++v) {
+    for (int v = 0; v < FragValues<Frag>::value; ++v) {
       const int h = (v >> 1) & 1;
       part[h][(v >> 2) & 3] = fmaxf(part[h][(v >> 2) & 3], t(v));
     }
@@ -285,7 +327,7 @@ struct OnlineSoftmax {
   // The largest (kTop) or smallest bit pattern, read as a signed integer, of the thread's scores
   // of each row of an FP8 tile (Note [Row maxima from the scores' bits]), by the three-input
   // integer maximum or minimum of sm_90 (VIMNMX3: two scores an instruction at FMNMX's rate of
-  // one; benchmarks/attention/sm90_pipe_rates.cu): two chains of 16 scores per row. The scores
+  // one; benchmarks/attention/sm90_pipe_rates.cu): chains of 16 scores, two per row of a tile. The scores
   // are read through an asm mov: with __float_as_int ptxas serialized every WGMMA of the d = 128
   // kernels (C7514).
   template <bool kTop, class Frag>
@@ -293,15 +335,16 @@ struct OnlineSoftmax {
     auto pick3 = [](int a, int b, int c) {
       return kTop ? __vimax3_s32(a, b, c) : __vimin3_s32(a, b, c);
     };
+    constexpr int kChains = FragValues<Frag>::value / 32;  // 2 (a tile) or 4 (a pair)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int chain[2];
+      int chain[kChains];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        int x[16];  // the row's values 4 j + 2 h + {0, 1}, j = c, c + 2, ..., c + 14
+      for (int c = 0; c < kChains; ++c) {
+        int x[16];  // the row's values 4 j + 2 h + {0, 1}, j = c, c + kChains, ...
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const int v = 4 * (c + 2 * (i >> 1)) + 2 * h + (i & 1);
+          const int v = 4 * (c + kChains * (i >> 1)) + 2 * h + (i & 1);
           asm volatile("mov.b32 %0, %1;" : "=r"(x[i]) : "f"(t(v)));
         }
         int r = pick3(x[0], x[1], x[2]);
@@ -309,7 +352,10 @@ struct OnlineSoftmax {
         for (int i = 3; i + 1 < 16; i += 2) r = pick3(r, x[i], x[i + 1]);
         chain[c] = kTop ? max(r, x[15]) : min(r, x[15]);
       }
-      bits[h] = kTop ? max(chain[0], chain[1]) : min(chain[0], chain[1]);
+      int r = chain[0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) r = kTop ? max(r, chain[c]) : min(r, chain[c]);
+      bits[h] = r;
     }
   }
 
@@ -339,7 +385,7 @@ struct OnlineSoftmax {
     float sum[2] = {0.0f, 0.0f};
     turn.wait(bias);
 #pragma unroll
-    for (int v = 0; v < 64; ++v) {
+    for (int v = 0; v < FragValues<Frag>::value; ++v) {
       const int h = (v >> 1) & 1;
       t(v) = fast_exp2(fmaf(t(v) - t_sub[h], row_scale[h], bias[h]));
       sum[h] += t(v);
