@@ -1,6 +1,7 @@
-"""The sm_90a attention kernels compile (nvcc only: no GPU), without warnings, register spills or
-ptxas notes of serialized WGMMAs, into objects that hold the kernels and the C API, and call the
-driver's cuTensorMapEncodeTiled through driver_api.cu's hidden definition; skipped without nvcc."""
+"""The sm_90a attention kernels compile (nvcc only: no GPU), without warnings, register spills
+beyond the forward's bounds (FORWARD_SPILL_BOUND) or ptxas notes of serialized WGMMAs, into
+objects that hold the kernels and the C API, and call the driver's cuTensorMapEncodeTiled through
+driver_api.cu's hidden definition; skipped without nvcc."""
 
 import re
 import subprocess
@@ -32,14 +33,41 @@ def _performance_notes(log):
     return [line for line in log.splitlines() if "Potential Performance Loss" in line]
 
 
-def test_kernel_compiles_without_spills(compiled):
+# Spill bytes (stores, loads) a forward kernel may have, by head dim; every other function none.
+# At d = 128 the 256-key visits (S of two tiles and O in 240 registers) leave ptxas a few values
+# to spill, measured faster than the spill-free 128-key visits (docs/attention_kernel_sm90.md,
+# item 15; 2026-12-06, nvcc 13.0: 128 / 408 bytes, the leaky variant 116 / 416); at d = 64 the
+# producer spills 8 / 8 bytes since its lanes store the K scales in the consumers' order
+# (kernel_traits.h, k_scale_slot). The bounds leave room for compiler versions, and catch a
+# change that spills in earnest.
+FORWARD_SPILL_BOUND = {128: (160, 512), 64: (8, 8)}
+
+
+def _spills_by_function(log):
+    """{function: (spill store bytes, spill load bytes)} from ptxas -v."""
+    found = re.findall(
+        r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores,"
+        r" (\d+) bytes spill loads",
+        log,
+    )
+    return {name: (int(stores), int(loads)) for name, stores, loads in found}
+
+
+def test_kernel_compiles_without_spills_beyond_its_bound(compiled):
     _, log = compiled
     assert "warning" not in log.lower(), log[-4000:]
     assert not _performance_notes(log), _performance_notes(log)
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert any("attention_fwd_kernel" in k for k in kernels), log[-2000:]
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills and all(s == ("0", "0") for s in spills), spills
+    spills = _spills_by_function(log)
+    assert set(kernels) <= set(spills), (kernels, spills)
+    for name, (stores, loads) in spills.items():
+        head_dim = re.search(r"KernelTraitsILi(\d+)EEE", name)
+        if "attention_fwd_kernel" in name and head_dim:
+            bound = FORWARD_SPILL_BOUND[int(head_dim.group(1))]
+        else:
+            bound = (0, 0)
+        assert stores <= bound[0] and loads <= bound[1], (name, stores, loads, bound)
     registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert registers and max(registers) <= 255
 

@@ -23,10 +23,10 @@
  *       the rescale]), under T(v)
  *     (Note [Two-level P.V accumulation]). At d = 128 the FP8 tiles are visited two at a
  *     time, 256 keys (Consumer::run, visit_pair): S of both, one softmax, then T of each in
- *     turn, each added with its own chunk's factor; an odd last FP8 tile is visited alone. A warpgroup's GEMMs
- *     run one at a time, except the two S products of a 256-key visit; the other
- *     warpgroup's softmax fills the tensor cores' gaps. The two take turns at their loops of
- *     exp2 (ExpTurn), which keep the MUFU units busy.
+ *     turn, each added with its own chunk's factor; an odd last FP8 tile is visited alone.
+ *     A warpgroup's GEMMs run one at a time, except the two S products of a 256-key visit;
+ *     the other warpgroup's softmax fills the tensor cores' gaps. The two take turns at their
+ *     loops of exp2 (ExpTurn), which keep the MUFU units busy.
  * Numerics: Note [Mask-exact FP8 scaling], Note [V scale in the rescale] and Note [Two-level
  * P.V accumulation] (exact_fp8/formats.py); docs/attention_kernel_sm90.md.
  */
@@ -419,14 +419,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (threadIdx.x < 32) {
       produce<Traits, kFp8VEverywhere>(kp, ss, ring);
     } else if (threadIdx.x < 64) {
       zero_tails<Traits, kFp8VEverywhere>(kp.p, ss, ring);
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
     consume<Traits, kFp8VEverywhere, Element>(kp.p, ss, ring);
   }
 #endif

@@ -41,20 +41,7 @@ constexpr int kStages = 3;
 constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
-// setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
-// geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24; the consumers'
-// 256-key visits (kernel.h, d = 128: S of two tiles and O) need every register they can get:
-// at 232 / 40 ptxas spilled O around the S wait and the kernel ran 3 % slower (H100,
-// 2026-12-06; docs/attention_kernel_sm90.md, item 15).
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
 constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
-// setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
-// 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
-// new counts must fit it, or the consumers' allocation waits forever.
-static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
-                  (65536 / kThreads) / 8 * 8 * kThreads,
-              "setmaxnreg: producer + consumer registers exceed the CTA's launch allocation");
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 
@@ -99,6 +86,23 @@ template <int kHeadDim_>
 struct KernelTraits : ElementTypes {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+
+  // setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
+  // geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24 (8 at 40, since
+  // it stores the K scales in the consumers' order, k_scale_slot). At d = 64 the consumers
+  // compile without spills at 232. At d = 128 their 256-key visits (kernel.h: S of
+  // two tiles and O) need every register they can get: 240 with the producer at 24, where
+  // ptxas still spills a few values (tests/build bounds them); at 232 / 40 it spilled O around
+  // the S wait and the kernel ran 3 % slower (H100, 2026-12-06; docs/attention_kernel_sm90.md,
+  // item 15).
+  static constexpr int kProducerRegisters = kHeadDim == 128 ? 24 : 40;
+  static constexpr int kConsumerRegisters = kHeadDim == 128 ? 240 : 232;
+  // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
+  // 65536 / kThreads registers a thread, rounded down to a multiple of 8: 168): the warpgroups'
+  // new counts must fit it, or the consumers' allocation waits forever.
+  static_assert((kProducerRegisters + kWarpgroups * kConsumerRegisters) * 128 <=
+                    (65536 / kThreads) / 8 * 8 * kThreads,
+                "setmaxnreg: producer + consumer registers exceed the CTA's launch allocation");
 
   using TileQK = Shape<Int<kQTile>, Int<kKVTile>, Int<kHeadDim>>;  // (M rows, N keys, K d)
   using TilePV = Shape<Int<kQTile>, Int<kHeadDim>, Int<kKVTile>>;  // (M rows, N d, K keys)

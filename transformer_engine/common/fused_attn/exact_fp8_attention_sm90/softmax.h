@@ -327,9 +327,9 @@ struct OnlineSoftmax {
   // The largest (kTop) or smallest bit pattern, read as a signed integer, of the thread's scores
   // of each row of an FP8 tile (Note [Row maxima from the scores' bits]), by the three-input
   // integer maximum or minimum of sm_90 (VIMNMX3: two scores an instruction at FMNMX's rate of
-  // one; benchmarks/attention/sm90_pipe_rates.cu): chains of 16 scores, two per row of a tile. The scores
-  // are read through an asm mov: with __float_as_int ptxas serialized every WGMMA of the d = 128
-  // kernels (C7514).
+  // one; benchmarks/attention/sm90_pipe_rates.cu): chains of 16 scores, two per row of a tile
+  // (four of a 256-key visit's pair). The scores are read through an asm mov: with
+  // __float_as_int ptxas serialized every WGMMA of the d = 128 kernels (C7514).
   template <bool kTop, class Frag>
   CUTLASS_DEVICE static void own_bits_extreme(Frag const &t, int (&bits)[2]) {
     auto pick3 = [](int a, int b, int c) {
