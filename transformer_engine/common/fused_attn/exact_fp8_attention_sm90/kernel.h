@@ -215,7 +215,8 @@ struct Consumer {
         tOrO(v) = fmaf(tOrO(v), factor[(v >> 1) & 1], tOrT(v));
       }
     };
-    // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued.
+    // Visit v: O += P.V(v-1) (v >= 1), S(v), its softmax, P(v) . V(v) issued. The visit
+    // lambdas are always_inline: called, they put the fragments on a 1.2 KiB stack frame.
     auto visit_step = [&](int visit, auto boundary) __attribute__((always_inline)) {
       const int stage = (first + visit) % kStages;
       Barrier::wait(&ss.bar_k_full[stage], ((first + visit) / kStages) & 1);
@@ -303,7 +304,8 @@ struct Consumer {
     const int num_boundary = range.num_boundary();
     if (num_boundary == 0) clear(tOrT);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
-    // 256-key visits at d = 128 only (measured there; d = 64 keeps 128-key visits)
+    // 256-key visits at d = 128 only (measured there; d = 64 keeps 128-key visits). The odd
+    // last FP8 tile's visit sits in a loop: under an if, ptxas serialized every WGMMA (C7514).
     int visit = num_boundary;
     if constexpr (kHeadDim == 128) {
       for (; visit + 1 < num_tiles; visit += 2) visit_pair(visit);
