@@ -1,7 +1,7 @@
 """Speed of several builds of the extension side by side: an A/B of kernel variants in one run.
 
     python benchmarks/attention/ab_sm90_builds.py --out DIR --lib base=DIR_A --lib new=DIR_B \
-        [--rounds 3] [--entries "cuda kernel,cuda"]
+        [--rounds 3] [--entries "cuda kernel,cuda"] [--head-dim 128|64]
 
 A Python process loads one `transformer_engine_exact_fp8`, so each build runs in its own process:
 round r runs bench_sm90_forward.py (one round of its shapes and entries) once per build, the builds
@@ -29,32 +29,33 @@ def _lib(text: str):
     return name, Path(path).resolve()
 
 
-def run_round(name: str, lib: Path, entries: str, out: Path, r: int) -> list:
+def run_round(name: str, lib: Path, entries: str, out: Path, r: int, head_dim: int) -> list:
     """Round r of bench_sm90_forward.py with `lib` first on the path: its result rows."""
     folder = out / "rounds" / f"round{r}" / name
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(lib), str(ROOT)]))
-    cmd = [sys.executable, str(BENCH), "--out", str(folder), "--rounds", "1", "--entries", entries]
+    cmd = [sys.executable, str(BENCH), "--out", str(folder), "--rounds", "1", "--entries", entries,
+           "--head-dim", str(head_dim)]  # fmt: skip
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     return json.loads((folder / "sm90_forward.json").read_text())["results"]
 
 
-def ab_table(libs, rounds: int, entries: str, out: Path) -> dict:
+def ab_table(libs, rounds: int, entries: str, out: Path, head_dim: int = 128) -> dict:
     """{(shape, entry): {build: [tflops of each round]}}"""
     (out / "rounds").mkdir(parents=True, exist_ok=True)
     table = {}
     for r in range(rounds):
         order = libs[r % len(libs) :] + libs[: r % len(libs)]
         for name, lib in order:
-            for row in run_round(name, lib, entries, out, r):
+            for row in run_round(name, lib, entries, out, r, head_dim):
                 key = (tuple(row["shape"]), row["entry"])
                 table.setdefault(key, {}).setdefault(name, []).append(row["tflops"])
     return table
 
 
-def markdown(table: dict, names, rounds: int) -> str:
+def markdown(table: dict, names, rounds: int, head_dim: int = 128) -> str:
     lines = [
         f"TFLOPS per build (median of {rounds} rounds, builds rotated per round), causal bshd"
-        f" bf16 d=128; ratio to {names[0]}",
+        f" bf16 d={head_dim}; ratio to {names[0]}",
         "",
         "| b, h, h_kv, s | entry | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
@@ -82,15 +83,18 @@ def main(argv=None) -> int:
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--entries", default="cuda kernel,cuda")
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
     args = parser.parse_args(argv)
     names = [name for name, _ in args.lib]
     if len(set(names)) != len(names) or args.rounds < 1:
         parser.error("build names must differ and --rounds be >= 1")
-    table = ab_table(args.lib, args.rounds, args.entries, args.out)
-    text = markdown(table, names, args.rounds)
+    table = ab_table(args.lib, args.rounds, args.entries, args.out, args.head_dim)
+    text = markdown(table, names, args.rounds, args.head_dim)
     (args.out / "ab_sm90.md").write_text(text)
     rows = [dict(shape=list(k[0]), entry=k[1], tflops=v) for k, v in table.items()]
-    (args.out / "ab_sm90.json").write_text(json.dumps(dict(builds=names, results=rows), indent=1))
+    (args.out / "ab_sm90.json").write_text(
+        json.dumps(dict(builds=names, head_dim=args.head_dim, results=rows), indent=1)
+    )
     print(text)
     return 0
 

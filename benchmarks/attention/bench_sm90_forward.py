@@ -1,9 +1,9 @@
 """Speed of the sm_90a CUDA attention forward next to the Triton kernel and torch's BF16 SDPA.
 
     python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3] [--entries A,B]
-        [--timing queued|synced]
+        [--timing queued|synced] [--head-dim 128|64]
 
-Causal bshd, bf16, d = 128 (current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
+Causal bshd, bf16, d = 128 (or --head-dim 64; current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
 h = 64, h_kv = 8 at s = 8k, 16k. Entries:
   "cuda"          the CUDA backend's forward, Q/K/V quantization included
   "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
@@ -80,14 +80,15 @@ KERNEL_OF = {
 
 
 def _entries(q, k, v):
+    scale = q.shape[-1] ** -0.5
     kw = dict(recipe="current", qkv_format="bshd", attn_mask_type="causal")
     ops = cuda_attention.quantize_operands(q, k, v, qkv_format="bshd")
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[2], q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
     entries = {
         "cuda": lambda: kernels.attention_forward(q, k, v, backend="cuda", **kw),
-        "cuda kernel": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5),
-        "kernel all-fp8": lambda: cuda_attention.launch(ops, out, lse, True, HEAD_DIM**-0.5, True),
+        "cuda kernel": lambda: cuda_attention.launch(ops, out, lse, True, scale),
+        "kernel all-fp8": lambda: cuda_attention.launch(ops, out, lse, True, scale, True),
         "quantize": lambda: cuda_attention.quantize_operands(q, k, v, qkv_format="bshd"),
     }
     if kernels.backend_available("triton"):
@@ -136,24 +137,24 @@ def _te_entries(q, k, v):
 TIMINGS = {"synced": gpu_ms_per_call, "queued": gpu_ms_queued}
 
 
-def causal_inputs(shape):
-    """Q, K, V [b, s, h or h_kv, HEAD_DIM] bf16 N(0, 1) on the GPU for shape (b, h, h_kv, s),
+def causal_inputs(shape, head_dim: int = HEAD_DIM):
+    """Q, K, V [b, s, h or h_kv, head_dim] bf16 N(0, 1) on the GPU for shape (b, h, h_kv, s),
     seeded by s (bench_forward_launches.py times the same inputs)."""
     b, h, h_kv, s = shape
     gen = torch.Generator(device="cuda").manual_seed(s)
-    q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+    q = torch.randn(b, s, h, head_dim, generator=gen, device="cuda").bfloat16()
     k, v = (
-        torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16() for _ in range(2)
+        torch.randn(b, s, h_kv, head_dim, generator=gen, device="cuda").bfloat16() for _ in range(2)
     )
     return q, k, v
 
 
-def speed_table(rounds: int, only, timing: str):
+def speed_table(rounds: int, only, timing: str, head_dim: int = HEAD_DIM):
     time_call = TIMINGS[timing]
     results, skipped, kernel_names = {}, {}, {}
     for shape in SHAPES:
         b, h, h_kv, s = shape
-        q, k, v = causal_inputs(shape)
+        q, k, v = causal_inputs(shape, head_dim)
         entries = _entries(q, k, v)
         entries.update({name: entries[of] for name, of in KERNEL_OF.items() if of in entries})
         runnable = {}
@@ -176,7 +177,7 @@ def speed_table(rounds: int, only, timing: str):
                     times[name].append(ms)
                 else:
                     times[name].append(time_call(runnable[name]))
-        flops = 2 * b * h * s * s * HEAD_DIM
+        flops = 2 * b * h * s * s * head_dim
         for name, t in times.items():
             ms = statistics.median(t)
             results[(shape, name)] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
@@ -185,10 +186,10 @@ def speed_table(rounds: int, only, timing: str):
     return results, skipped, kernel_names
 
 
-def markdown(results, rounds, timing: str) -> str:
+def markdown(results, rounds, timing: str, head_dim: int = HEAD_DIM) -> str:
     entries = [e for e in ENTRIES if any(name == e for _, name in results)]
     lines = [
-        f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={HEAD_DIM};"
+        f"sm90 CUDA forward vs Triton, BF16 SDPA and TE: causal bshd bf16, d={head_dim};"
         f" TFLOPS = 2*b*h*s*s*d / time (median of {rounds} rounds; timing: {timing})",
         "",
         "| b, h, h_kv, s | " + " | ".join(entries) + " | cuda / best bf16 sdpa | exactness cost"
@@ -229,6 +230,7 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timing", choices=sorted(TIMINGS), default="queued")
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=HEAD_DIM)
     parser.add_argument(
         "--entries", help=f"comma-separated entries to run (default all: {', '.join(ENTRIES)})"
     )
@@ -242,13 +244,14 @@ def main():
     if not kernels.backend_available("cuda"):
         print("the CUDA backend is not available here (needs the sm_90a kernel and an sm90 GPU)")
         return 1
-    results, skipped, kernel_names = speed_table(args.rounds, only, args.timing)
-    table = markdown(results, args.rounds, args.timing)
+    results, skipped, kernel_names = speed_table(args.rounds, only, args.timing, args.head_dim)
+    table = markdown(results, args.rounds, args.timing, args.head_dim)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm90_forward.md").write_text(table)
     payload = dict(
         device=torch.cuda.get_device_name(),
         timing=args.timing,
+        head_dim=args.head_dim,
         results=[dict(shape=list(shape), entry=name, **r) for (shape, name), r in results.items()],
         skipped=skipped,
         kernels=kernel_names,

@@ -16,8 +16,9 @@ SPEED = {"base": [500.0, 520.0, 510.0], "new": [600.0, 590.0, 640.0]}  # TFLOPS 
 def test_rounds_rotate_the_builds_and_the_table_takes_medians(tmp_path, monkeypatch):
     calls = []
 
-    def fake_round(name, lib, entries, out, r):
+    def fake_round(name, lib, entries, out, r, head_dim):
         calls.append(name)
+        assert head_dim == 128
         return [dict(shape=[2, 16, 16, 8192], entry="cuda kernel", ms=1.0, tflops=SPEED[name][r])]
 
     monkeypatch.setattr(ab, "run_round", fake_round)
@@ -27,6 +28,19 @@ def test_rounds_rotate_the_builds_and_the_table_takes_medians(tmp_path, monkeypa
     assert table[((2, 16, 16, 8192), "cuda kernel")] == SPEED
     text = ab.markdown(table, ["base", "new"], 3)
     assert "| 2, 16, 16, 8k | cuda kernel | 510 | 600 (1.176x) |" in text
+
+
+def test_the_head_dim_reaches_every_round_and_the_table(tmp_path, monkeypatch):
+    dims = []
+
+    def fake_round(name, lib, entries, out, r, head_dim):
+        dims.append(head_dim)
+        return [dict(shape=[2, 16, 16, 8192], entry="cuda kernel", ms=1.0, tflops=SPEED[name][r])]
+
+    monkeypatch.setattr(ab, "run_round", fake_round)
+    table = ab.ab_table([("base", tmp_path), ("new", tmp_path)], 2, "cuda kernel", tmp_path, 64)
+    assert dims == [64] * 4
+    assert "causal bshd bf16 d=64;" in ab.markdown(table, ["base", "new"], 2, 64)
 
 
 def test_a_build_missing_from_a_row_shows_a_dash():

@@ -87,3 +87,9 @@ def test_score_sign_table_gives_each_family_against_the_ordinary_inputs():
     lines = signs.markdown(ms, 3).splitlines()
     assert "| causal | cuda kernel | 1.000 | 1.030 (1.030x) | 1.000 (1.000x) |" in lines
     assert "| no_mask | cuda | 1.000 | 1.000 (1.000x) | - |" in lines
+
+
+def test_the_table_names_its_head_dim():
+    results = {(MHA_8K, "cuda kernel"): _result(0.8)}
+    assert "causal bshd bf16, d=64;" in bench.markdown(results, 1, "queued", 64).splitlines()[0]
+    assert "causal bshd bf16, d=128;" in bench.markdown(results, 1, "queued").splitlines()[0]
