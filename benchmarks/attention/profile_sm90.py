@@ -7,12 +7,14 @@
 Quantizes random bf16 Q, K and V once (bshd, d = 128, current scaling), then launches the kernel
 --calls times on them (a profiler skips the first ones: `ncu --launch-skip 3 --launch-count 1
 -k regex:attention_fwd`). --small instead runs a few small shapes (unaligned lengths, GQA, both
-masks) through the CUDA backend's forward once each and checks that every output is finite.
+masks; d = 128 and 64) through the CUDA backend's forward once each and checks that every
+output is finite.
 --backward runs the CUDA forward once and then the CUDA backward --calls times (its two kernels:
 `-k regex:attention_bwd`); with --small, the small shapes through the CUDA backward once each.
 """
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -36,10 +38,10 @@ SMALL = [(2, 4, 4, 300, "causal"), (2, 4, 2, 257, "no_mask"), (1, 8, 1, 130, "ca
          (2, 16, 4, 520, "no_mask")]  # fmt: skip
 
 
-def _inputs(b, h, h_kv, s, seed=0):
+def _inputs(b, h, h_kv, s, seed=0, head_dim=HEAD_DIM):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(b, s, h, HEAD_DIM, generator=gen, device="cuda").bfloat16()
-    k, v = (torch.randn(b, s, h_kv, HEAD_DIM, generator=gen, device="cuda").bfloat16()
+    q = torch.randn(b, s, h, head_dim, generator=gen, device="cuda").bfloat16()
+    k, v = (torch.randn(b, s, h_kv, head_dim, generator=gen, device="cuda").bfloat16()
             for _ in range(2))  # fmt: skip
     return q, k, v
 
@@ -82,16 +84,18 @@ def small_backwards():
 
 
 def small_forwards():
+    """The small shapes through the CUDA forward at both head dims (the backward's CUDA path
+    takes d = 128 only)."""
     bad = 0
-    for b, h, h_kv, s, mask in SMALL:
-        q, k, v = _inputs(b, h, h_kv, s, seed=s)
+    for (b, h, h_kv, s, mask), d in itertools.product(SMALL, (128, 64)):
+        q, k, v = _inputs(b, h, h_kv, s, seed=s, head_dim=d)
         out, lse = kernels.attention_forward(
             q, k, v, backend="cuda", recipe="current", qkv_format="bshd", attn_mask_type=mask
         )
         torch.cuda.synchronize()
         finite = bool(torch.isfinite(out).all())
         bad += not finite
-        print(f"b={b} h={h} h_kv={h_kv} s={s} {mask}: output finite {finite}")
+        print(f"b={b} h={h} h_kv={h_kv} s={s} d={d} {mask}: output finite {finite}")
     return 1 if bad else 0
 
 

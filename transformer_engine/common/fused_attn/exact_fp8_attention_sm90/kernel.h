@@ -21,8 +21,8 @@
  *       an FP8 tile, the input dtype for a boundary tile) -> issue T(v) = P(v) . V(v) into a
  *       fresh accumulator -> factor(v) = alpha(v) * (u / s(v)), u <- s(v) (Note [V scale in
  *       the rescale]), under T(v)
- *     (Note [Two-level P.V accumulation]). At d = 128 the FP8 tiles are visited two at a
- *     time, 256 keys (Consumer::run, visit_pair): S of both, one softmax, then T of each in
+ *     (Note [Two-level P.V accumulation]). The FP8 tiles are visited two at a time,
+ *     256 keys (Consumer::run, visit_pair): S of both, one softmax, then T of each in
  *     turn, each added with its own chunk's factor; an odd last FP8 tile is visited alone.
  *     A warpgroup's GEMMs run one at a time, except the two S products of a 256-key visit;
  *     the other warpgroup's softmax fills the tensor cores' gaps. The two take turns at their
@@ -304,12 +304,10 @@ struct Consumer {
     const int num_boundary = range.num_boundary();
     if (num_boundary == 0) clear(tOrT);  // T(-1) = 0: the first FP8 visit's add_pv(-1)
     for (int visit = 0; visit < num_boundary; ++visit) visit_step(visit, cute::true_type{});
-    // 256-key visits at d = 128 only (measured there; d = 64 keeps 128-key visits). The odd
-    // last FP8 tile's visit sits in a loop: under an if, ptxas serialized every WGMMA (C7514).
+    // The FP8 tiles two at a time (256-key visits). The odd last FP8 tile's visit sits in a
+    // loop: under an if, ptxas serialized every WGMMA (C7514).
     int visit = num_boundary;
-    if constexpr (kHeadDim == 128) {
-      for (; visit + 1 < num_tiles; visit += 2) visit_pair(visit);
-    }
+    for (; visit + 1 < num_tiles; visit += 2) visit_pair(visit);
     for (; visit < num_tiles; ++visit) visit_step(visit, cute::false_type{});
     add_pv(num_tiles - 1);
     store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);

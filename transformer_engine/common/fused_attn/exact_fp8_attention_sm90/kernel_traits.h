@@ -89,12 +89,12 @@ struct KernelTraits : ElementTypes {
 
   // setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
   // geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24 (8 at 40, since
-  // it stores the K scales in the consumers' order, k_scale_slot). At d = 64 the consumers
-  // compile without spills at 232. At d = 128 their 256-key visits (kernel.h: S of
-  // two tiles and O) need every register they can get: 240 with the producer at 24, where
-  // ptxas still spills a few values (tests/build bounds them); at 232 / 40 it spilled O around
-  // the S wait and the kernel ran 3 % slower (H100, 2026-12-06; docs/attention_kernel_sm90.md,
-  // item 15).
+  // it stores the K scales in the consumers' order, k_scale_slot). The consumers' 256-key
+  // visits (kernel.h: S of two tiles and O) leave ptxas a few values to spill (tests/build
+  // bounds them). At d = 128 they need every register they can get: 240 with the producer at
+  // 24; at 232 / 40 ptxas spilled O around the S wait and the kernel ran 3 % slower (H100,
+  // 2026-12-06). At d = 64 ptxas spills less at 232 / 40 than at 240 / 24 (88 / 308 bytes
+  // against 160 / 364, nvcc 13.0). docs/attention_kernel_sm90.md, item 15.
   static constexpr int kProducerRegisters = kHeadDim == 128 ? 24 : 40;
   static constexpr int kConsumerRegisters = kHeadDim == 128 ? 240 : 232;
   // setmaxnreg moves registers within the CTA's launch allocation (ptxas gives the kernel
