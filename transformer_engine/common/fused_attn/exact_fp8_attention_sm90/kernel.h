@@ -249,7 +249,9 @@ struct Consumer {
     // its own V scale (O = (O * factor_a + T_a) * factor_b + T_b, Note [V scale in the
     // rescale]), T_a added to O before T_b is issued into the same registers: S of 256 keys, O
     // and P leave no room for two products in flight. The tile pairs are fixed by the mask's
-    // geometry (KVTileRange), never by a value.
+    // geometry (KVTileRange), never by a value. Its two P.V issues stay written out: through
+    // one helper shared with issue_pv, ptxas scheduled the d = 128 visit otherwise and it ran
+    // 0.98-1.00x (H100, 2026-12-06).
     auto visit_pair = [&](int visit) __attribute__((always_inline)) {
       const int stage_a = (first + visit) % kStages, stage_b = (first + visit + 1) % kStages;
       Barrier::wait(&ss.bar_k_full[stage_a], ((first + visit) / kStages) & 1);
