@@ -3,8 +3,8 @@
     python benchmarks/attention/bench_sm90_forward.py --out DIR [--rounds 3] [--entries A,B]
         [--timing queued|synced] [--head-dim 128|64]
 
-Causal bshd, bf16, d = 128 (or --head-dim 64; current scaling): MHA b = 2, h = 16 at s = 4k, 8k, 16k and GQA b = 1,
-h = 64, h_kv = 8 at s = 8k, 16k. Entries:
+Causal bshd, bf16, d = 128 (or --head-dim 64), current scaling: MHA b = 2, h = 16 at s = 4k, 8k,
+16k and GQA b = 1, h = 64, h_kv = 8 at s = 8k, 16k. Entries:
   "cuda"          the CUDA backend's forward, Q/K/V quantization included
   "cuda kernel"   the sm_90a kernel alone, on operands quantized beforehand
   "quantize"      the CUDA backend's Q, K and V quantization alone (what "cuda" adds)
