@@ -154,6 +154,38 @@ int32_t next_counter_slot() {
   return static_cast<int32_t>(next.fetch_add(1, std::memory_order_relaxed) % kTileCounterSlots);
 }
 
+/* The quantizing forward's second stream: the V cast runs there beside the Q and K cast, so that
+ * each fills the other's ramp and tail (both are bound by memory bandwidth), joined before the
+ * attention kernel. One stream and pair of events per host thread and device: events shared
+ * between threads could order one thread's launches after another's. Created outside stream
+ * capture only (a capture that finds none here casts on one stream). */
+struct CastStreams {
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+
+CastStreams *cast_streams(cudaStream_t stream) {
+  thread_local CastStreams by_device[kMaxCachedDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxCachedDevices) return nullptr;
+  CastStreams &c = by_device[device];
+  if (c.side != nullptr) return &c;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return nullptr;
+  }
+  CastStreams made;
+  if (cudaStreamCreateWithFlags(&made.side, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&made.fork, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&made.join, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the casts then run on one stream
+    return nullptr;
+  }
+  c = made;
+  return &c;
+}
+
 /* A failed cast's status, with the quantization API's message as this API's. */
 NVTEExactFP8Status cast_failed(NVTEExactFP8Status status, const char *what) {
   return fail(status, std::string(what) + ": " + nvte_exact_fp8_last_error());
@@ -319,11 +351,14 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
   }
   if (!problem.empty()) return s::fail(NVTE_EXACT_FP8_INVALID_ARGUMENT, problem);
   const int pow2 = args->use_power_2_scales;
-  // Q and K in one launch (K's part is empty when seqlen_kv is 0)
-  NVTEExactFP8Status st = nvte_exact_fp8_per_token_cast_pair(
-      &args->q, const_cast<void *>(a.q8), const_cast<float *>(a.q_scale), &args->k,
-      const_cast<void *>(a.k8), const_cast<float *>(a.k_scale), pow2, args->amax_epsilon, stream);
-  if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the Q and K casts");
+  // The V cast on the second stream (if there is one), forked from and joined back into stream
+  s::CastStreams *two = a.seqlen_kv > 0 ? s::cast_streams(stream) : nullptr;
+  const cudaStream_t v_stream = two != nullptr ? two->side : stream;
+  if (two != nullptr && (cudaEventRecord(two->fork, stream) != cudaSuccess ||
+                         cudaStreamWaitEvent(two->side, two->fork, 0) != cudaSuccess)) {
+    return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(cudaGetLastError()));
+  }
+  NVTEExactFP8Status st = NVTE_EXACT_FP8_SUCCESS;
   if (a.seqlen_kv > 0) {
     const NVTEExactFP8TokenView v = s::v_view(a);
     const bool aligned = a.batch > 1 && a.seqlen_kv % 16 != 0;  // the header's cu_vt rule
@@ -332,9 +367,23 @@ NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
                                     NVTE_EXACT_FP8_KEYS_SM90_PV};
     st = nvte_exact_fp8_per_chunk_cast_transposed(&v, &chunks, pow2, args->amax_epsilon,
                                                   const_cast<void *>(a.v8t), a.vt_width,
-                                                  const_cast<float *>(a.v_scale), stream);
-    if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the V cast");
+                                                  const_cast<float *>(a.v_scale), v_stream);
   }
+  // Q and K in one launch (K's part is empty when seqlen_kv is 0), unless the V cast failed
+  NVTEExactFP8Status st_qk = NVTE_EXACT_FP8_SUCCESS;
+  if (st == NVTE_EXACT_FP8_SUCCESS) {
+    st_qk = nvte_exact_fp8_per_token_cast_pair(
+        &args->q, const_cast<void *>(a.q8), const_cast<float *>(a.q_scale), &args->k,
+        const_cast<void *>(a.k8), const_cast<float *>(a.k_scale), pow2, args->amax_epsilon,
+        stream);
+  }
+  // joined even after a failed cast: a captured stream must not end with the side stream forked
+  if (two != nullptr && (cudaEventRecord(two->join, two->side) != cudaSuccess ||
+                         cudaStreamWaitEvent(stream, two->join, 0) != cudaSuccess)) {
+    return s::fail(NVTE_EXACT_FP8_CUDA_ERROR, cudaGetErrorString(cudaGetLastError()));
+  }
+  if (st != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st, "the V cast");
+  if (st_qk != NVTE_EXACT_FP8_SUCCESS) return s::cast_failed(st_qk, "the Q and K casts");
   try {
     return s::launch(a, stream);
   } catch (const std::exception &e) {  // none expected; never across the C boundary

@@ -127,7 +127,10 @@ typedef struct {
 } NVTEExactFP8AttentionSm90QuantizingArgs;
 
 /* The forward of NVTEExactFP8AttentionSm90QuantizingArgs: out and lse as
- * nvte_exact_fp8_attention_sm90_fwd writes them. An argument error enqueues nothing. */
+ * nvte_exact_fp8_attention_sm90_fwd writes them. An argument error enqueues nothing. The V cast
+ * runs on a second stream of the calling host thread (made on its first call outside stream
+ * capture; without one, on `stream`), forked from `stream` and joined back into it before the
+ * attention kernel: what follows on `stream` sees every cast done. */
 NVTEExactFP8Status nvte_exact_fp8_attention_sm90_fwd_quantizing(
     const NVTEExactFP8AttentionSm90QuantizingArgs *args, cudaStream_t stream);
 

@@ -15,9 +15,9 @@ Q, K and V are quantized here by the fork's quantization kernels (quantize.py; r
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
 V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel takes Q
 quantized (it does not cast Q itself yet). A dense call from bf16 / fp16 inputs makes the casts (Q
-and K in one launch, V) and the kernel launch in one extension call (attention_sm90_fwd_quantizing:
-one host round trip, for small calls) into a workspace; a call with q_fp8, a padding mask or thd
-quantizes here (quantize_operands), then launches the kernel.
+and K in one launch, V beside it on a second stream) and the kernel launch in one extension call
+(attention_sm90_fwd_quantizing: one host round trip, for small calls) into a workspace; a call
+with q_fp8, a padding mask or thd quantizes here (quantize_operands), then launches the kernel.
 """
 
 import functools
@@ -303,7 +303,7 @@ def _workspace_buffer(nbytes: int, device: torch.device, capturing: bool) -> tor
 
 def _quantize_and_launch(q, k, v, out, lse, mask, softmax_scale, pow2, epsilon, leaky):
     """quantize_operands and launch in one extension call (attention_sm90_fwd_quantizing: the Q
-    and K casts in one launch, the V cast, the kernel), the operands in a workspace
+    and K casts in one launch, the V cast beside it, the kernel), the operands in a workspace
     (_workspace_buffer). For the host time of small calls: same bytes."""
     batch, s_q, heads, d = q.shape
     s_kv, heads_kv = k.shape[1], k.shape[2]
