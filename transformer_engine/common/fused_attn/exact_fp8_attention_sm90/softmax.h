@@ -158,24 +158,25 @@ struct ScoreScales {
   }
 };
 
-// The S fragments of a 256-key visit (two FP8 tiles, kernel.h) read as one fragment of 128
-// values: value v < 64 is value v of the first tile's, v >= 64 value v - 64 of the second's (the
-// same row half (v >> 1) & 1). Its indices are compile-time constants once the loops unroll.
-template <class FragA, class FragB>
-struct FragPair {
-  FragA &a;
-  FragB &b;
-  CUTLASS_DEVICE float &operator()(int v) const { return v < 64 ? a(v) : b(v - 64); }
-};
-
 // The number of values a thread holds of a score fragment: 64 of a 64 x 128 tile, 128 of a pair.
 template <class Frag>
 struct FragValues {
   static constexpr int value = decltype(size(std::declval<Frag &>()))::value;
 };
+
+// The S fragments of a 256-key visit (two FP8 tiles, kernel.h) read as one fragment of 128
+// values: value v < 64 is value v of the first tile's, v >= 64 value v - 64 of the second's (the
+// same row half (v >> 1) & 1). Its indices are compile-time constants once the loops unroll.
+template <class FragA, class FragB>
+struct FragPair {
+  static constexpr int kFirst = FragValues<FragA>::value;
+  FragA &a;
+  FragB &b;
+  CUTLASS_DEVICE float &operator()(int v) const { return v < kFirst ? a(v) : b(v - kFirst); }
+};
 template <class FragA, class FragB>
 struct FragValues<FragPair<FragA, FragB>> {
-  static constexpr int value = 128;
+  static constexpr int value = FragValues<FragA>::value + FragValues<FragB>::value;
 };
 
 // A row whose running max m reaches this magnitude (log2 units) is a huge row: it subtracts its
