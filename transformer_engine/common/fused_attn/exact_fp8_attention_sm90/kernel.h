@@ -110,7 +110,10 @@ struct Consumer {
   int head, q_tile;
 
   // first: the CTA's visits before this query tile's (its visit i uses the ring's stage
-  // (first + i) % kStages); q_parity: the parity of this query tile's Q8 on bar_q.
+  // (first + i) % kStages, parity ((first + i) / kStages) & 1); q_parity: the parity of this
+  // query tile's Q8 on bar_q. The stage and parity stay written out at each use: taken from
+  // one helper, ptxas spilled more in the d = 64 pair loop and it ran 0.993-0.998x (H100,
+  // 2026-12-06, benchmarks/results/attention_forward_sm90.md).
   CUTLASS_DEVICE void run(KVTileRange const &range, int first, uint32_t q_parity) {
     typename Traits::MmaQK mma_qk;
     typename Traits::MmaPV8 mma_pv8;
