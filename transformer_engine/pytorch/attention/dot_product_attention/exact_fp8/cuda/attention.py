@@ -14,10 +14,11 @@ sequence's real length and first token from cu_seqlens (sequences.py), on the de
 Q, K and V are quantized here by the fork's quantization kernels (quantize.py; rules v2 of
 Note [Mask-exact FP8 scaling] in formats.py): Q8 [h, t_q, d] and K8 [h_kv, t_kv, d] per token,
 V8^T [h_kv, d, t_pad] with one fp32 scale per (sample, kv-head, 128-token chunk). The kernel takes Q
-quantized (it does not cast Q itself yet). A dense call from bf16 / fp16 inputs makes the casts (Q
-and K in one launch, V beside it on a second stream) and the kernel launch in one extension call
-(attention_sm90_fwd_quantizing: one host round trip, for small calls) into a workspace; a call
-with q_fp8, a padding mask or thd quantizes here (quantize_operands), then launches the kernel.
+quantized (a Q cast inside it measured slower: docs/attention_kernel_sm90.md, item 9). A dense
+call from bf16 / fp16 inputs makes the casts (Q and K in one launch, V beside it on a second
+stream) and the kernel launch in one extension call (attention_sm90_fwd_quantizing: one host
+round trip, for small calls) into a workspace; a call with q_fp8, a padding mask or thd
+quantizes here (quantize_operands), then launches the kernel.
 """
 
 import functools
