@@ -21,13 +21,12 @@ The boundary (diagonal) tiles keep the fp32 path in both rows, as the kernel doe
 emulates the kernel as it is: f32 scores, t = f32(S * k_scale), x = f32(fma(t, row scale, 8 -
 m)), p = f32(2^x), f32 sums, P8 = E4M3(p). Both visit the FP8 tiles two at a time (256 keys: one
 row maximum and one exponent pass per pair) and accumulate P8 . V8 exactly (the kernel's
-two-level accumulation is not what is compared). Causal bshd, b = 1, h = 2, d = 128, bf16 inputs;
-errors against the fp64 attention of the unquantized inputs over every row. "vs v2": the relative
-Frobenius error over v2's. Writes DIR/f16_score_rules.md and .json.
+two-level accumulation is not what is compared); v2's casts are the reference's. Causal bshd,
+b = 1, h = 2, d = 128, bf16 inputs of the rules studies' families (bench_k_scale_rules) and three
+more (OWN_FAMILIES); errors against the fp64 attention of the unquantized inputs over every row.
+"vs v2": the relative Frobenius error over v2's. Writes DIR/f16_score_rules.md and .json.
 """
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -37,25 +36,38 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import bench_k_scale_rules as k_scale_study  # noqa: E402
+
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.formats import (  # noqa: E402,E501
+    E4M3_MAX,
     KV_TILE,
+    cast_to_e4m3,
+    compute_scale_from_amax,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.masks import (  # noqa: E402,E501
+    SeqLayout,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.reference.quantize import (  # noqa: E402,E501
+    abs_ignoring_nan,
+    expand_chunk_scales,
+    per_chunk_cast_to_fp8,
+    per_token_cast_to_fp8,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (  # noqa: E402,E501
     error_metrics,
 )
 
-HEAD_DIM = 128
-HEADS = 2
-E4M3_MAX = 448.0
+HEAD_DIM = k_scale_study.HEAD_DIM
+HEADS = k_scale_study.HEADS
 F16_TARGET = 14.0  # 448 / 32: |Q8 . K8^T| <= 14 * 14 * 128 < 65504
 LOG2E = 1.4426950408889634
-FAMILIES = {
+# the rules studies' families (bench_k_scale_rules), and three more
+OWN_FAMILIES = {
     "normal": "N(0, 1)",
-    "outliers-N(0,100)": "N(0,1), 0.1% of the entries of Q, K, V drawn from N(0, 10^2)",
-    "k-channels-x20": "N(0,1), K channels 3, 17, 64, 101 multiplied by 20",
     "sharp-q-x8": "N(0,1), Q multiplied by 8 (logits with a standard deviation of 8)",
     "v-mean-4": "Q, K ~ N(0,1), V ~ N(4, 1)",
 }
+FAMILIES = {**OWN_FAMILIES, **k_scale_study.FAMILIES}
 VARIANTS = ("v2", "f16 scores")
 
 
@@ -68,23 +80,16 @@ def f16(x):
 
 
 def e4m3(x):
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).double()
+    return cast_to_e4m3(x.float()).double()
 
 
 def family_inputs(family: str, s: int, seed: int):
     """bf16 q, k, v [s, h, d] (CPU) of one input family."""
+    if family in k_scale_study.FAMILIES:
+        return k_scale_study.family_inputs(family, s, seed)
     gen = torch.Generator().manual_seed(seed)
-    shape = (s, HEADS, HEAD_DIM)
-    q, k, v = (torch.randn(*shape, generator=gen) for _ in range(3))
-    if family == "outliers-N(0,100)":
-        out = []
-        for x in (q, k, v):
-            spikes = torch.rand(*shape, generator=gen) < 1e-3
-            out.append(torch.where(spikes, 10 * torch.randn(*shape, generator=gen), x))
-        q, k, v = out
-    elif family == "k-channels-x20":
-        k[..., [3, 17, 64, 101]] *= 20
-    elif family == "sharp-q-x8":
+    q, k, v = (torch.randn(s, HEADS, HEAD_DIM, generator=gen) for _ in range(3))
+    if family == "sharp-q-x8":
         q = q * 8
     elif family == "v-mean-4":
         v = v + 4
@@ -93,24 +98,11 @@ def family_inputs(family: str, s: int, seed: int):
     return [x.bfloat16() for x in (q, k, v)]
 
 
-def per_token_cast(x, target: float):
-    """(x8 fp64 values of E4M3, scale_inv [s, h] fp64): the per-token rule with E4M3 target
-    `target` (448: rules v2; the scale is 448 / amax, times 1/32 for the target 14)."""
-    amax = x.float().abs().amax(-1)
-    scale = (E4M3_MAX / amax.clamp_min(1e-12)).float() * (target / E4M3_MAX)
-    x8 = e4m3(f32(x.float() * scale.unsqueeze(-1)))
-    return x8, (1.0 / scale.double())
-
-
-def per_chunk_v(v):
-    """(v8 values, per-key scale_inv [s, h]) of rules v2's per-chunk V cast."""
-    s = v.shape[0]
-    vv = v.float().view(-1, KV_TILE, *v.shape[1:]) if s % KV_TILE == 0 else None
-    assert vv is not None, "s a multiple of 128"
-    amax = vv.abs().amax(dim=(1, 3))  # [chunks, h]
-    scale = (E4M3_MAX / amax.clamp_min(1e-12)).float()
-    v8 = e4m3(f32(vv * scale[:, None, :, None])).view_as(v)
-    return v8, (1.0 / scale.double()).repeat_interleave(KV_TILE, 0)
+def per_token_cast_target_14(x):
+    """Rules v2's per-token cast (reference per_token_cast_to_fp8) with the E4M3 target 14: the
+    scale 448 / amax times 1/32, as the probes' Q and K casts. (data, scale_inv [s, h])."""
+    scale = compute_scale_from_amax(abs_ignoring_nan(x).amax(dim=-1)) * (F16_TARGET / E4M3_MAX)
+    return cast_to_e4m3(x.float() * scale.unsqueeze(-1)), 1.0 / scale
 
 
 def f16_accumulate(q8, k8):
@@ -140,11 +132,13 @@ def lane_sums_f16(p, group: int):
 def emulate(variant: str, q, k, v):
     """The kernel's output [s, h, d] (fp64) under `variant`."""
     s = q.shape[0]
-    target = F16_TARGET if variant == "f16 scores" else E4M3_MAX
-    q8, qs = per_token_cast(q, target)
-    k8, ks = per_token_cast(k, target)
-    v8, vs = per_chunk_v(v)
-    vd = (v8 * vs.unsqueeze(-1)).transpose(0, 1)  # [h, s, d] dequantized FP8 V
+    cast = per_token_cast_target_14 if variant == "f16 scores" else per_token_cast_to_fp8
+    q8, qs = (x.double() for x in cast(q))
+    k8, ks = (x.double() for x in cast(k))
+    layout = SeqLayout.dense(1, s)
+    v8, vs, _ = per_chunk_cast_to_fp8(v, layout)
+    vs = expand_chunk_scales(vs, layout, KV_TILE).double()  # [s, h]
+    vd = (v8.double() * vs.unsqueeze(-1)).transpose(0, 1)  # [h, s, d] dequantized FP8 V
     v16 = v.double().transpose(0, 1)
     q8, k8 = q8.transpose(0, 1), k8.transpose(0, 1)  # [h, s, d]
     ks = ks.transpose(0, 1)  # [h, s]
@@ -212,56 +206,40 @@ def f16_step(q8, k8, ks, rs, m, l, o, v):
     return m_new, l, o * alpha + e4m3(p) @ v
 
 
-def reference(q, k, v):
-    qd, kd, vd = (x.double().transpose(0, 1) for x in (q, k, v))
-    scores = qd @ kd.transpose(-1, -2) * HEAD_DIM**-0.5
+def reference(q, k, v, rows: int = 1024):
+    """fp64 causal attention of the unquantized inputs [s, h, d] (k_scale_study.causal_rows,
+    in blocks of rows)."""
     s = q.shape[0]
-    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -math.inf)
-    return (torch.softmax(scores, -1) @ vd).transpose(0, 1)
+    blocks = [torch.arange(r, min(r + rows, s)) for r in range(0, s, rows)]
+    return torch.cat([k_scale_study.causal_rows(q, k, k, v, b) for b in blocks])
 
 
 def study(seqlens):
-    results = []
+    """{"family s": {variant: error_metrics}}, as the rules studies' tables take them."""
+    results = {}
     for s in seqlens:
         for fi, family in enumerate(FAMILIES):
             q, k, v = family_inputs(family, s, seed=1000 * fi + s)
             ref = reference(q, k, v)
-            for variant in VARIANTS:
-                out = emulate(variant, q, k, v)
-                row = dict(family=family, s=s, variant=variant, **error_metrics(out, ref))
-                results.append(row)
-                print(json.dumps(row), flush=True)
+            results[f"{family} {s}"] = {
+                variant: error_metrics(emulate(variant, q, k, v), ref) for variant in VARIANTS
+            }
+            print(family, s, results[f"{family} {s}"], flush=True)
     return results
 
 
 def markdown(results) -> str:
-    lines = [
-        "| family | s | variant | RMSE | rel. Frobenius error | cosine | vs v2 |",
-        "|---|---|---|---|---|---|---|",
+    ratios = [r["f16 scores"]["rel_err"] / r["v2"]["rel_err"] for r in results.values()]
+    lines = k_scale_study.rule_rows(results, "v2") + [
+        "",
+        f"Error ratio of f16 scores to v2 over all families and lengths: {min(ratios):.3f} to"
+        f" {max(ratios):.3f}.",
     ]
-    base = {(r["family"], r["s"]): r["rel_err"] for r in results if r["variant"] == "v2"}
-    for r in results:
-        ratio = r["rel_err"] / base[(r["family"], r["s"])]
-        lines.append(
-            f"| {r['family']} | {r['s']} | {r['variant']} | {r['rmse']:.3e} | {r['rel_err']:.3e}"
-            f" | {r['cosine']:.6f} | {ratio:.3f} |"
-        )
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seqlens", default="1024,4096")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    results = study([int(x) for x in args.seqlens.split(",")])
-    args.out.mkdir(parents=True, exist_ok=True)
-    text = markdown(results)
-    (args.out / "f16_score_rules.md").write_text(text)
-    (args.out / "f16_score_rules.json").write_text(json.dumps(dict(results=results), indent=1))
-    print(text)
-    return 0
+def main():
+    return k_scale_study.study_main(__doc__, "f16_score_rules", "1024,4096", study, markdown)
 
 
 if __name__ == "__main__":
