@@ -102,6 +102,7 @@ struct ExpTurn {
 template <class Traits, bool kFp8VEverywhere, class Element>
 struct Consumer {
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kStages = Traits::kStages;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   AttentionParams const &p;
   Sequence const &seq;
@@ -366,6 +367,7 @@ CUTLASS_DEVICE void produce(KernelParams<Traits> const &kp, typename Traits::Sha
 template <class Traits, bool kFp8VEverywhere>
 CUTLASS_DEVICE void zero_tails(AttentionParams const &p, typename Traits::SharedStorage &ss,
                                TileRing ring) {
+  constexpr int kStages = Traits::kStages;
   const int lane = threadIdx.x & 31;
   uint32_t parity = 0;  // bit s: the parity of stage s's next wait on its bar_v_tail
   for_each_tile(ring, p, [&](TileEntry const &e, Sequence const &seq, TileCoord const &c) {
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     Barrier::init(&ss.bar_q, 1);
     Barrier::init(&ss.bar_q_empty, kConsumerArrivals);
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < Traits::kStages; ++s) {
       Barrier::init(&ss.bar_k_full[s], kKFullArrivals);
       Barrier::init(&ss.bar_v_full[s], 1);
       Barrier::init(&ss.bar_k_empty[s], kConsumerArrivals);

@@ -8,7 +8,8 @@
  * scaling]) stream through a kStages ring, K and V with their own barriers so that a tile's
  * Q.K^T starts before its V has arrived; the ring runs on from one query tile to the next.
  *
- * Shared memory (d = 128; d = 64 halves the tiles: Q8 and K8 rows of 64 bytes, SW64):
+ * Shared memory (d = 128, 3 stages; d = 64 halves the tiles, Q8 and K8 rows of 64 bytes, SW64,
+ * and has 4 stages: KernelTraits::kStages):
  *   Q8    [128 rows, 128 d] E4M3, K-major SW128                          16 KiB
  *   K8    [3 stages][128 keys, 128 d] E4M3, K-major SW128                  48 KiB
  *   V     [3 stages] 32 KiB each, either
@@ -37,7 +38,6 @@ using namespace cute;
 
 constexpr int kQTile = 128;    // formats.Q_TILE
 constexpr int kKVTile = 128;   // formats.KV_TILE == formats.V_CHUNK_CURRENT
-constexpr int kStages = 3;
 constexpr int kWarpgroups = 2;                          // consumer warpgroups (64 rows each)
 constexpr int kMmaThreads = kWarpgroups * 128;          // threads of the tiled MMAs
 constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgroup (first)
@@ -86,6 +86,11 @@ template <int kHeadDim_>
 struct KernelTraits : ElementTypes {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  // The KV ring's stages (a 256-key visit takes two). A fourth stage (~213 KiB of shared memory
+  // at d = 128) ran 1.00-1.04x at d = 64 and 0.975-1.002x at d = 128 (H100, 2026-12-07,
+  // benchmarks/results/attention_forward_sm90.md): a d = 64 visit is half as long, so the loads
+  // have less time to land.
+  static constexpr int kStages = kHeadDim == 64 ? 4 : 3;
 
   // setmaxnreg of the producer and the consumer warpgroups. The producer holds its sequence's
   // geometry (read from cu_seqlens: vector registers) and spills 16 bytes at 24 (8 at 40, since

@@ -146,6 +146,7 @@ template <class Traits>
 struct Producer {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kStages = Traits::kStages;
   KernelParams<Traits> const &kp;
   typename Traits::SharedStorage &ss;
   Sequence const &seq;
