@@ -7,7 +7,8 @@ sm90 is cuDNN's per-tensor FP8 SDPA (it leaks: the kernel the fork is compared w
 torch's scaled_dot_product_attention on its cuDNN backend. Causal, bshd, d = 128: the N(0, 1)
 bf16 inputs of bench_sm90_forward.causal_inputs (same seed, same draws), made here rather than
 imported, because this script runs where only upstream TE is installed and bench_sm90_forward
-imports the fork's package. Needs upstream TE for `delayed`. Nsight Compute on one launch (skip the first ones):
+imports the fork's package. Needs upstream TE for `delayed`. Nsight Compute on one launch (skip
+the first ones):
 
     ncu --clock-control none --set full --import-source no -k regex:fprop --launch-skip 2 \
         --launch-count 1 -o cudnn_fp8 python benchmarks/attention/profile_cudnn_fp8.py delayed
