@@ -36,9 +36,9 @@ def _performance_notes(log):
 # Spill bytes (stores, loads) a forward kernel may have, by head dim; every other function none.
 # The 256-key visits (S of two tiles and O in the consumers' registers) leave ptxas a few values
 # to spill, measured faster than the spill-free 128-key visits (docs/attention_kernel_sm90.md,
-# item 15; nvcc 13.0, since the epilogue's stores took immediate offsets on 2026-12-07: d = 128
-# 116 / 152 bytes, the leaky variant 116 / 172; d = 64 84 / 108). The bounds leave room for
-# compiler versions, and catch a change that spills in earnest.
+# item 15; nvcc 13.0, since the epilogue's stores went through shared memory on 2026-12-07:
+# d = 128 116 / 148 bytes, the leaky variant 112 / 164; d = 64 56 / 84). The bounds leave room
+# for compiler versions, and catch a change that spills in earnest.
 FORWARD_SPILL_BOUND = {128: (128, 192), 64: (96, 128)}
 
 

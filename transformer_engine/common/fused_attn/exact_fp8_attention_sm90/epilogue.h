@@ -13,6 +13,7 @@
 #include "kernel_traits.h"
 #include "params.h"
 #include "softmax.h"
+#include "tile_scheduler.h"
 
 namespace transformer_engine {
 namespace exact_fp8 {
@@ -20,15 +21,16 @@ namespace sm90 {
 
 // tOrO: the thread's 64 x d fp32 accumulator; tOcO: its (row, d) coordinates in the tile;
 // Element: the output dtype.
+// o_rows: the warp's staging rows in shared memory (SharedStorage::o_rows).
 template <int kHeadDim, class Element, class FragO, class CoordO>
 CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
                                  OnlineSoftmax const &softmax, float u, FragO const &tOrO,
-                                 CoordO const &tOcO, int head, int q0) {
+                                 CoordO const &tOcO, int head, int q0, uint16_t *o_rows) {
   constexpr float kLn2 = 0.6931471805599453f;
   float *lse = p.lse + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;  // [span_q] fp32
   float inv_l[2];  // 1 / l, correctly rounded (1 for a row that is not written from acc)
   bool seen[2];
-  int row[2];
+  int row[2];  // the thread's two rows
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row[h] = q0 + get<0>(tOcO(2 * h));
@@ -39,28 +41,54 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
       lse[row[h]] = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;
     }
   }
-  // Each row's output pointer once: the thread's columns are get<1>(tOcO(v)) = col0 + a
-  // constant of v, so every store below takes an immediate offset, predicated on its row (a
-  // branch per store made the epilogue ~4 % of the kernel's time at s = 8k, 2026-12-07).
-  const int col0 = get<1>(tOcO(0));
+  // O in the output dtype, 64 columns at a time through the warp's rows in shared memory
+  // (o_rows: [16 rows, 64 + 8] 16-bit): stmatrix writes the accumulator layout's 16-bit pairs
+  // as rows, then each lane loads 16 bytes of a row and stores them to global memory, four rows
+  // of 128 bytes a warp instruction, where the accumulator layout itself stores 8 rows of 16
+  // bytes a 4-byte store (docs/attention_kernel_sm90.md, item 21).
+  const int lane = static_cast<int>(thread_index_per_tile() & 31);
+  const int warp_row0 = q0 + get<0>(tOcO(0)) - (lane >> 2);  // the warp's first row
   uint16_t *out = static_cast<uint16_t *>(p.out) + s.out0 + static_cast<int64_t>(head) * kHeadDim;
-  uint16_t *row_out[2];
-  bool write[2];
+  const uint32_t buf = cute::cast_smem_ptr_to_uint(o_rows);
+  // stmatrix: lane i gives row i % 8 of matrix i / 8; matrix k of a store is the 8 x 8 block of
+  // row half k % 2 and column group 2 m + k / 2 of the chunk
+  const uint32_t st_addr =
+      buf + (((lane >> 3) & 1) * 8 + (lane & 7)) * kEpiloguePitch * 2 + (lane >> 4) * 16;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    write[h] = row[h] < s.span_q;
-    row_out[h] = out + static_cast<int64_t>(row[h]) * p.out_stride_seq + col0;
-  }
+  for (int c = 0; c < kHeadDim / kEpilogueCols; ++c) {
+    __syncwarp();  // the warp's reads of the last chunk (or tile) are done
 #pragma unroll
-  for (int v = 0; v < size(tOrO); v += 2) {
-    const int h = (v >> 1) & 1;
-    // acc / l (acc / l <= 448: no overflow), then the unit of the accumulator; 0 for a row that
-    // sees no key (a select)
-    const float o0 = seen[h] ? (tOrO(v) * inv_l[h]) * u : 0.0f;
-    const float o1 = seen[h] ? (tOrO(v + 1) * inv_l[h]) * u : 0.0f;
-    if (write[h]) {
-      *reinterpret_cast<uint32_t *>(row_out[h] + (get<1>(tOcO(v)) - col0)) =
-          pack_16bit_pair<Element>(o0, o1);
+    for (int m = 0; m < kEpilogueCols / 16; ++m) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int h = k & 1, g = kEpilogueCols / 8 * c + 2 * m + (k >> 1);  // row half, group
+        const int v = 4 * g + 2 * h;
+        // acc / l (acc / l <= 448: no overflow), then the unit of the accumulator; 0 for a row
+        // that sees no key (a select)
+        const float o0 = seen[h] ? (tOrO(v) * inv_l[h]) * u : 0.0f;
+        const float o1 = seen[h] ? (tOrO(v + 1) * inv_l[h]) * u : 0.0f;
+        w[k] = pack_16bit_pair<Element>(o0, o1);
+      }
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       st_addr + m * 32),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kEpilogueRows / 4; ++k) {
+      const int r = (lane >> 3) + 4 * k;  // the staged row
+      uint4 data;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(data.x), "=r"(data.y), "=r"(data.z), "=r"(data.w)
+                   : "r"(buf + r * kEpiloguePitch * 2 + (lane & 7) * 16)
+                   : "memory");
+      const int row = warp_row0 + r;
+      if (row < s.span_q) {
+        *reinterpret_cast<uint4 *>(out + static_cast<int64_t>(row) * p.out_stride_seq +
+                                   kEpilogueCols * c + 8 * (lane & 7)) = data;
+      }
     }
   }
 }

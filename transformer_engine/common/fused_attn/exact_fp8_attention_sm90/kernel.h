@@ -300,7 +300,8 @@ struct Consumer {
     if (q_tile == 0) store_rows_past_grid<kHeadDim>(p, seq, head, mma_thread);  // thd padding
     const int num_tiles = range.num_tiles();
     if (num_tiles == 0) {  // no real row sees a key: zeros and -inf
-      store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
+      store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0,
+                                      ss.o_rows[mma_thread / 32]);
       return;
     }
     Barrier::wait(&ss.bar_q, q_parity);
@@ -316,7 +317,8 @@ struct Consumer {
     for (; visit + 1 < num_tiles; visit += 2) visit_pair(visit);
     for (; visit < num_tiles; ++visit) visit_step(visit, cute::false_type{});
     add_pv(num_tiles - 1);
-    store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0);
+    store_output<kHeadDim, Element>(p, seq, softmax, u, tOrO, tOcO, head, q0,
+                                      ss.o_rows[mma_thread / 32]);
   }
 };
 

@@ -16,6 +16,7 @@
  *           V8^T [128 d, 128 keys] E4M3, K-major SW128 (an FP8 tile), or
  *           V    [128 d, 128 keys] bf16, MN-major SW128 (a boundary tile)    96 KiB
  *   K scales [3 stages][128] fp32                                            1.5 KiB
+ *   O rows [8 consumer warps][16 rows, 64 + 8] 16-bit: the epilogue's staging  18 KiB
  *   barriers: Q full / empty; per stage K full / empty, V full / empty and the
  *   tail V; the ring of work items                                          ~0
  */
@@ -44,6 +45,9 @@ constexpr int kThreads = kMmaThreads + 128;             // + the producer warpgr
 constexpr int kConsumerArrivals = kMmaThreads;           // arrivals that release a stage
 constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the producer warp's K scales
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
+constexpr int kEpilogueRows = 16;       // rows of O a consumer warp holds (epilogue.h)
+constexpr int kEpilogueCols = 64;       // columns of O staged at a time
+constexpr int kEpiloguePitch = 64 + 8;  // 16-bit elements a staged row takes (16 bytes of pad)
 
 // Where a stage's K scale of key `key` (0..127) lies in SharedStorage::k_scale: in the order
 // the consumer threads apply them. Thread lane q (= lane % 4) of a quad holds the keys
@@ -164,6 +168,9 @@ struct KernelTraits : ElementTypes {
     alignas(8) uint64_t bar_v_tail[kStages];    // a tail visit's V arrived (mainloop.h)
     TileRingStorage tiles;                      // the CTA's work items (tile_scheduler.h)
     alignas(8) float2 turn_slot[kMmaThreads];   // a consumer thread's slot (kernel.h ExpTurn)
+    // [8 warps][16 rows, 64 + 8 cols] 16-bit: a consumer warp's rows of O, 64 columns at a time
+    // (epilogue.h); the 16-byte pad puts the 8 rows of a stmatrix in different banks
+    alignas(16) uint16_t o_rows[kMmaThreads / 32][kEpilogueRows * kEpiloguePitch];
   };
 
   // Byte offset in a SmemLayoutV16 tile (1024-byte aligned) of the 128-byte row that holds key
