@@ -30,15 +30,14 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
   float *lse = p.lse + static_cast<int64_t>(head) * p.tokens_q + s.tok_q;  // [span_q] fp32
   float inv_l[2];  // 1 / l, correctly rounded (1 for a row that is not written from acc)
   bool seen[2];
-  int row[2];  // the thread's two rows
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    row[h] = q0 + get<0>(tOcO(2 * h));
+    const int row = q0 + get<0>(tOcO(2 * h));  // the thread's row of row half h
     const float l = quad_sum(softmax.l[h]);
-    seen[h] = row[h] < s.len_q && l > 0.0f;
+    seen[h] = row < s.len_q && l > 0.0f;
     inv_l[h] = __frcp_rn(seen[h] ? l : 1.0f);
-    if (row[h] < s.span_q && (threadIdx.x & 3) == 0) {
-      lse[row[h]] = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;
+    if (row < s.span_q && (threadIdx.x & 3) == 0) {
+      lse[row] = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;
     }
   }
   // O in the output dtype, 64 columns at a time through the warp's rows in shared memory

@@ -47,7 +47,7 @@ constexpr int kKFullArrivals = 1 + 32;  // the TMA issue (+ bytes) and the produ
 constexpr float kLog2PScale = 8.0f;  // log2(formats.P_SCALE)
 constexpr int kEpilogueRows = 16;       // rows of O a consumer warp holds (epilogue.h)
 constexpr int kEpilogueCols = 64;       // columns of O staged at a time
-constexpr int kEpiloguePitch = 64 + 8;  // 16-bit elements a staged row takes (16 bytes of pad)
+constexpr int kEpiloguePitch = kEpilogueCols + 8;  // 16-bit elements a staged row takes
 
 // Where a stage's K scale of key `key` (0..127) lies in SharedStorage::k_scale: in the order
 // the consumer threads apply them. Thread lane q (= lane % 4) of a quad holds the keys
