@@ -7,7 +7,7 @@
 # SM90_EXT: a prebuilt extension (cmake_build's --install-dir, or its .so compressed with xz),
 # built elsewhere with the machine's Python; unset: built here (tools/gpu_sm90_check.sh's build).
 # It is installed into build/exact_fp8_sm90/lib, where the other GPU scripts look for it.
-# Steps (STEPS, default "sanitize tests te tables"; each logs to $OUT/<step>/):
+# Steps (STEPS, default "sanitize tests te tables"; logs in $OUT/log.txt and a folder per part):
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small shapes
 #             (tools/gpu_sm90_profile.sh)
 #   tests     the forward's and the backward's sm90 GPU test files
