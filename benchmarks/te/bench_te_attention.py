@@ -13,12 +13,14 @@ forward, E5M2 gradients; E4M3 for MXFP8BlockScaling). Nondeterministic algorithm
 TE's default (allowed) unless NVTE_ALLOW_NONDETERMINISTIC_ALGO says otherwise.
 Passes: `fwd` = eval module under torch.no_grad(); `fwd+bwd` = train module, forward under autocast
 then backward of a random output gradient (q, k, v grads reset to None each step); `bwd` = that
-backward alone, of one forward kept alive (`backward(retain_graph=True)`; a path whose backward
-frees what it saved gets a "not runnable" row).
+backward alone: each call's forward runs untimed before it (upstream's backward runs once per
+forward, so a graph kept for several backward calls does not serve).
 FLOPs (causal, counted once for the visible half): fwd = 2*b*h*s*s*d; fwd+bwd = 3.5x fwd;
 bwd = 2.5x fwd.
-Timing: triton.testing.do_bench medians (L2 flushed before every call), taken round-robin over the
-paths `--rounds` times; the table shows the median over rounds. Times include TE's Python
+Timing: triton.testing.do_bench medians (L2 flushed before every call), for `bwd`
+testing.gpu_ms_after's (CUDA events around the backward, L2 flushed after its forward, medians of
+10 calls), taken round-robin over the paths `--rounds` times; the table shows the median over
+rounds. Times include TE's Python
 overhead and, for the fork, its quantization pass: this is what a user of the API gets.
 Also the host time per forward call of each path at a tiny shape (HOST_SHAPE), where the GPU work
 is too small to hide it.
@@ -124,18 +126,27 @@ def _forward_backward(te, path: str, q, k, v, dout) -> Callable:
 
 
 def _backward(te, path: str, q, k, v, dout) -> Callable:
-    """The backward alone: one forward under autocast, its graph kept for every call."""
+    """The backward alone: fn.forward runs a forward under autocast (untimed), fn.backward the
+    backward of its output (timed, testing.gpu_ms_after); fn() runs both, for the warm-up."""
     dpa = _causal_dpa(te, q, train=True)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    with recipe_context(path) as recipe:
-        with te.autocast(enabled=recipe is not None, recipe=recipe):
-            out = dpa(qg, kg, vg)
     grad = dout.flatten(2)
 
-    def fn():
-        out.backward(grad, retain_graph=True)
+    def forward():
+        for x in (qg, kg, vg):
+            x.grad = None
+        with recipe_context(path) as recipe:
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                return dpa(qg, kg, vg)
 
-    fn.grad_tensors = (qg, kg, vg)
+    def backward(out):
+        with recipe_context(path):
+            out.backward(grad)
+
+    def fn():
+        backward(forward())
+
+    fn.forward, fn.backward = forward, backward
     return fn
 
 
@@ -160,6 +171,9 @@ def _build(te, path: str, mode: str, tensors) -> Callable:
 def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) -> List[Dict]:
     """Rows for one shape: every (mode, path), timed round-robin."""
     import triton.testing
+    from transformer_engine.pytorch.attention.dot_product_attention.exact_fp8.testing import (
+        gpu_ms_after,
+    )
 
     tensors = _inputs(b, s, h, d)
     bf16_out = _forward(te, "upstream-bf16", *tensors[:3])()
@@ -169,10 +183,7 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
             row = dict(s=s, b=b, h=h, d=d, mode=mode, path=path, ms=None, tflops=None, note="")
             try:
                 fns[(mode, path)] = _build(te, path, mode, tensors)
-                # compile / build graphs outside the timing; twice, so that a path whose backward
-                # cannot run again on the kept graph fails here and gets a note, not the run
-                fns[(mode, path)]()
-                fns[(mode, path)]()
+                fns[(mode, path)]()  # compile / build graphs outside the timing
                 if mode == "fwd" and path != "upstream-bf16":
                     row["note"] = _accuracy_note(te, path, *tensors[:3], bf16_out)
             except Exception as err:  # a path that cannot run here gets a row that says why
@@ -182,6 +193,9 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
     times = {key: [] for key in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
+            if key[0] == "bwd":
+                times[key].append(gpu_ms_after(fn.forward, fn.backward))
+                continue
             grads = getattr(fn, "grad_tensors", None)
             ms = triton.testing.do_bench(
                 fn, warmup=10, rep=rep_ms, grad_to_none=grads, return_mode="median"
