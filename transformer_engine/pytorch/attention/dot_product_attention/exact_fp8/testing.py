@@ -128,6 +128,10 @@ def gpu_ms_per_call(fn: Callable[[], object], warmup: int = 5, calls: int = 25) 
     return statistics.median(times)
 
 
+SLEEP_CYCLES = 100_000_000
+"""Cycles of the sleep kernel that gpu_ms_queued and gpu_ms_after issue before the work they
+time: ~50 ms at H100 / H200 clocks, longer than the host takes to enqueue that work."""
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 """Bytes that gpu_ms_after writes between a call's preparation and its timed part: more than the
 L2 cache of an H100 / H200 (50 / 60 MB), so that the timed part reads its inputs from memory, as
@@ -137,16 +141,17 @@ triton's do_bench arranges for its calls."""
 def gpu_ms_after(
     prepare: Callable[[], object], fn: Callable[[object], object], warmup: int = 2, calls: int = 10
 ) -> float:
-    """Median GPU time in ms of fn(prepare()) without prepare's part: each call runs prepare()
-    untimed, clears the L2 cache, then times fn on its result with CUDA events, synchronized
-    after each call (so fn's own host gaps are counted, as in gpu_ms_per_call). For work that
-    runs once per preparation: a backward that frees the graph its forward saved."""
+    """Median GPU time in ms of fn(prepare()) without prepare's part, with the host ahead of the
+    GPU as in a training step: each call runs prepare() untimed, clears the L2 cache, then
+    queues fn on its result behind a sleep kernel (as gpu_ms_queued does) between CUDA events.
+    For work that runs once per preparation: a backward that frees the graph its forward saved."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for n in range(warmup + calls):
         prepared = prepare()
         flush.zero_()
+        torch.cuda._sleep(SLEEP_CYCLES)
         start.record()
         fn(prepared)
         end.record()
@@ -154,11 +159,6 @@ def gpu_ms_after(
         if n >= warmup:
             times.append(start.elapsed_time(end))
     return statistics.median(times)
-
-
-SLEEP_CYCLES = 100_000_000
-"""Cycles of the sleep kernel that gpu_ms_queued issues first: ~50 ms at H100 / H200 clocks,
-longer than the host takes to enqueue the calls it times."""
 
 
 def gpu_ms_queued(fn: Callable[[], object], warmup: int = 5, calls: int = 10) -> float:
