@@ -19,9 +19,9 @@ FLOPs (causal, counted once for the visible half): fwd = 2*b*h*s*s*d; fwd+bwd = 
 bwd = 2.5x fwd.
 Timing: triton.testing.do_bench medians (L2 flushed before every call), for `bwd`
 testing.gpu_ms_after's (CUDA events around the backward, queued behind a sleep kernel after its
-forward and an L2 flush; medians of 10 calls), taken round-robin over the paths `--rounds` times; the table shows the median over
-rounds. Times include TE's Python
-overhead and, for the fork, its quantization pass: this is what a user of the API gets.
+forward and an L2 flush; medians of 10 calls), taken round-robin over the paths `--rounds` times;
+the table shows the median over rounds. Times include TE's Python overhead and, for the fork, its
+quantization pass: this is what a user of the API gets.
 Also the host time per forward call of each path at a tiny shape (HOST_SHAPE), where the GPU work
 is too small to hide it.
 
