@@ -110,27 +110,13 @@ def _forward(te, path: str, q, k, v) -> Callable:
     return fn
 
 
-def _forward_backward(te, path: str, q, k, v, dout) -> Callable:
+def _training_step(te, path: str, q, k, v, dout) -> Callable:
+    """A training step's attention: fn() runs a forward under autocast and its backward (the
+    `fwd+bwd` pass); fn.forward and fn.backward run them apart (the `bwd` pass times the
+    backward alone, testing.gpu_ms_after). q, k, v grads are reset to None by each forward."""
     dpa = _causal_dpa(te, q, train=True)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     grad = dout.flatten(2)  # TE returns [b, s, h * d]
-
-    def fn():
-        with recipe_context(path) as recipe:
-            with te.autocast(enabled=recipe is not None, recipe=recipe):
-                out = dpa(qg, kg, vg)
-        out.backward(grad)
-
-    fn.grad_tensors = (qg, kg, vg)
-    return fn
-
-
-def _backward(te, path: str, q, k, v, dout) -> Callable:
-    """The backward alone: fn.forward runs a forward under autocast (untimed), fn.backward the
-    backward of its output (timed, testing.gpu_ms_after); fn() runs both, for the warm-up."""
-    dpa = _causal_dpa(te, q, train=True)
-    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    grad = dout.flatten(2)
 
     def forward():
         for x in (qg, kg, vg):
@@ -165,7 +151,7 @@ def _accuracy_note(te, path: str, q, k, v, bf16_out: torch.Tensor) -> str:
 def _build(te, path: str, mode: str, tensors) -> Callable:
     if mode == "fwd":
         return _forward(te, path, *tensors[:3])
-    return (_forward_backward if mode == "fwd+bwd" else _backward)(te, path, *tensors)
+    return _training_step(te, path, *tensors)
 
 
 def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) -> List[Dict]:
@@ -196,10 +182,7 @@ def bench_shape(te, b: int, s: int, h: int, d: int, rounds: int, rep_ms: int) ->
             if key[0] == "bwd":
                 times[key].append(gpu_ms_after(fn.forward, fn.backward))
                 continue
-            grads = getattr(fn, "grad_tensors", None)
-            ms = triton.testing.do_bench(
-                fn, warmup=10, rep=rep_ms, grad_to_none=grads, return_mode="median"
-            )
+            ms = triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
             times[key].append(ms)
     for row in rows:
         key = (row["mode"], row["path"])
