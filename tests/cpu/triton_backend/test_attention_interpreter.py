@@ -3,7 +3,8 @@
 Triton chooses the interpreter when a kernel is defined, so the cases run in a child pytest
 process with TRITON_INTERPRET=1 (another module of the same session may hold the compiled
 kernel). What the interpreter can check (docs/attention_kernel.md): FP8 (e4m3), FP16 and FP32
-tl.dot are exact there, but fp32 -> float8e4nv casts are wrong and BF16 dots are garbage. So the
+tl.dot are exact there, but fp32 -> float8e4nv casts are wrong, the E4M3 NaN code reads as 480
+(so a NaN in Q or K cannot be followed here) and BF16 dots are garbage. So the
 cases use FP16 inputs and a Q quantized outside the kernel, and check:
 
   * the in-kernel scale rules (integer and fp32 paths) against formats.py, bitwise;

@@ -727,6 +727,38 @@ def test_each_key_changes_exactly_the_rows_that_see_it(name):
         assert torch.equal(changed, seen[:, j]), (name, j)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("d", [128, 64])
+def test_a_nan_in_q_or_k_makes_exactly_the_rows_that_see_it_nan(backend, d):
+    """A NaN in one channel of a query's Q, or of a key's K (each key of a 16-key group in turn,
+    so that it lands in every register slot of a thread's scores; on the diagonal's boundary tile
+    for rows 128-255 and on FP8 tiles for the rows after): every output and the LSE of the rows
+    that see it are NaN, as in BF16 attention (a NaN row sum is not a row that sees nothing),
+    and no other row changes a bit."""
+    if backend == "triton":
+        pytest.importorskip("triton", reason="the Triton backend")
+    q, k, v = _inputs(65, 1, 640, 640, 2, 1, outliers=False, d=d)
+
+    def forward(q, k):
+        out, lse = kernels.attention_forward(
+            q, k, v, backend=backend, recipe="current", qkv_format="bshd", attn_mask_type="causal"
+        )
+        return out[0], lse  # [s, h, d], [h, s]
+
+    out, _ = forward(q, k)
+    seen = masks.allowed_positions("causal", None, 640, 640)  # [s_q, s_kv]
+    cases = [("k", j, seen[:, j]) for j in range(128, 144)]
+    cases += [("q", i, torch.arange(640) == i) for i in (0, 130, 255, 256, 639)]
+    for which, pos, rows in cases:
+        q2, k2 = q.clone(), k.clone()
+        (q2 if which == "q" else k2)[:, pos, :, 5] = float("nan")
+        out2, lse2 = forward(q2, k2)
+        assert torch.equal(out2.isnan().flatten(1).all(1).cpu(), rows), (which, pos)
+        assert torch.equal(lse2.isnan().all(0).cpu(), rows), (which, pos)
+        blind = ~rows.cuda()
+        assert torch.equal(out2[blind], out[blind]), (which, pos)
+
+
 @pytest.mark.parametrize("name", ["window-causal", "window-two-sided", "window-bottom-right"])
 @pytest.mark.parametrize("seed", range(4))
 def test_keys_outside_the_window_change_no_bit(name, seed):

@@ -34,7 +34,10 @@ CUTLASS_DEVICE void store_output(AttentionParams const &p, Sequence const &s,
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + get<0>(tOcO(2 * h));  // the thread's row of row half h
     const float l = quad_sum(softmax.l[h]);
-    seen[h] = row < s.len_q && l > 0.0f;
+    // l is 0 exactly for a row that sees nothing; a NaN l (from a NaN score the row sees, a
+    // NaN in Q or in a visible key's K) counts as seen, so the row's output and LSE are NaN,
+    // as BF16 attention's are
+    seen[h] = row < s.len_q && l != 0.0f;
     inv_l[h] = __frcp_rn(seen[h] ? l : 1.0f);
     if (row < s.span_q && (threadIdx.x & 3) == 0) {
       lse[row] = seen[h] ? (softmax.m[h] + log2f(l) - kLog2PScale) * kLn2 : -INFINITY;

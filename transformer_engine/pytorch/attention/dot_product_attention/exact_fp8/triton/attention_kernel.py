@@ -466,8 +466,9 @@ def attention_forward_kernel(
         HEAD_DIM, BN, RECIPE_MX, False, True, None,
     )  # fmt: skip
 
-    # Rows past the sequence's real length, and rows that see nothing, give 0 and LSE -inf.
-    seen = (rows < len_q) & (l_i > 0.0)
+    # Rows past the sequence's real length, and rows that see nothing (l = 0 exactly), give 0
+    # and LSE -inf; a NaN l (a NaN score the row sees) gives NaN, as BF16 attention does.
+    seen = (rows < len_q) & (l_i != 0.0)
     # acc times 1 / l (correctly rounded once per row), then back from the units of the last V
     # scale (Note [V scale in the rescale]: acc / l <= 448 cannot overflow, the product is the
     # output's magnitude)
